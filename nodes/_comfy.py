@@ -1,0 +1,216 @@
+"""Everything the nodes need from ComfyUI, each with a stand-in for when ComfyUI is absent.
+
+The choice is made at call time, so the node classes work inside ComfyUI and in plain tests.
+Outside ComfyUI the model folders come from the environment variables ``SSD_MODELS_DIR`` and
+``SSD_HEADS_DIR`` (``os.pathsep``-separated lists); progress, previews and events are dropped.
+"""
+
+import os
+import time
+
+MODELS_KEY = "ssd_models"
+HEADS_KEY = "ssd_heads"
+HEADS_EXTENSIONS = {".safetensors"}
+BUNDLED = "reference"
+NO_HEADS = "none"
+
+
+def _folder_paths():
+    try:
+        import folder_paths
+    except ImportError:
+        return None
+    return folder_paths
+
+
+def register_folders():
+    """Register ``models/ssd_models`` and ``models/ssd_heads``, keeping paths added already
+    (extra_model_paths.yaml is read before custom nodes load)."""
+    fp = _folder_paths()
+    if fp is None:
+        return
+    for key, exts in ((MODELS_KEY, {"folder"}), (HEADS_KEY, HEADS_EXTENSIONS)):
+        default = os.path.join(fp.models_dir, key)
+        if key in fp.folder_names_and_paths:
+            paths, old_exts = fp.folder_names_and_paths[key]
+            if default not in paths:
+                paths.insert(0, default)
+            fp.folder_names_and_paths[key] = (paths, set(old_exts) | exts)
+        else:
+            fp.folder_names_and_paths[key] = ([default], set(exts))
+
+
+def folder_dirs(key):
+    """The directories searched for ``key`` (``ssd_models`` or ``ssd_heads``)."""
+    fp = _folder_paths()
+    if fp is not None:
+        try:
+            return list(fp.get_folder_paths(key))
+        except KeyError:
+            register_folders()
+            return list(fp.get_folder_paths(key))
+    env = os.environ.get("SSD_MODELS_DIR" if key == MODELS_KEY else "SSD_HEADS_DIR", "")
+    return [p for p in env.split(os.pathsep) if p]
+
+
+def _walk(top):
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        yield dirpath, dirnames, filenames
+
+
+def list_model_folders():
+    """Relative names (``/``-separated) of folders holding a ``config.json``, sorted."""
+    found = set()
+    for top in folder_dirs(MODELS_KEY):
+        if not os.path.isdir(top):
+            continue
+        for dirpath, dirnames, filenames in _walk(top):
+            if "config.json" in filenames:
+                rel = os.path.relpath(dirpath, top)
+                if rel != ".":
+                    found.add(rel.replace(os.sep, "/"))
+                dirnames[:] = []  # a model folder's subfolders are its own business
+    return sorted(found)
+
+
+def list_heads_files():
+    found = set()
+    for top in folder_dirs(HEADS_KEY):
+        if not os.path.isdir(top):
+            continue
+        for dirpath, _dirnames, filenames in _walk(top):
+            for f in filenames:
+                if os.path.splitext(f)[1].lower() in HEADS_EXTENSIONS:
+                    found.add(os.path.relpath(os.path.join(dirpath, f), top).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def model_choices():
+    return [BUNDLED] + [m for m in list_model_folders() if m != BUNDLED]
+
+
+def heads_choices():
+    return [BUNDLED, NO_HEADS] + [h for h in list_heads_files() if h not in (BUNDLED, NO_HEADS)]
+
+
+def _resolve(key, name, want_dir):
+    rel = os.path.normpath(name.replace("/", os.sep))
+    if rel.startswith("..") or os.path.isabs(rel):
+        return None
+    for top in folder_dirs(key):
+        path = os.path.join(top, rel)
+        if (os.path.isdir(path) if want_dir else os.path.isfile(path)):
+            return path
+    return None
+
+
+def resolve_model(name):
+    """``reference`` stays a name for the engine; anything else becomes a folder path."""
+    if name == BUNDLED:
+        return BUNDLED
+    path = _resolve(MODELS_KEY, name, want_dir=True)
+    if path is None:
+        dirs = folder_dirs(MODELS_KEY) or ["ComfyUI/models/ssd_models"]
+        raise FileNotFoundError(
+            f"SSD model folder '{name}' was not found in {', '.join(dirs)}. Put the downloaded "
+            f"transformers-format folder (with its config.json) there, then press R in ComfyUI to "
+            f"refresh the list, or pick 'reference' (the bundled model).")
+    return path
+
+
+def resolve_heads(name):
+    if name in (BUNDLED, NO_HEADS):
+        return name
+    path = _resolve(HEADS_KEY, name, want_dir=False)
+    if path is None:
+        dirs = folder_dirs(HEADS_KEY) or ["ComfyUI/models/ssd_heads"]
+        raise FileNotFoundError(
+            f"SSD heads file '{name}' was not found in {', '.join(dirs)}. Put the .safetensors "
+            f"heads file there and refresh (R), or pick 'reference' or 'none'.")
+    return path
+
+
+def torch_device(choice):
+    """``auto`` = ComfyUI's device (CPU when ComfyUI is absent)."""
+    import torch
+
+    if choice == "cpu":
+        return torch.device("cpu")
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was chosen but this machine has no CUDA GPU visible to "
+                             "torch: pick 'auto' or 'cpu'.")
+        return torch.device("cuda")
+    if choice != "auto":
+        raise ValueError(f"unknown device '{choice}': pick auto, cpu or cuda.")
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return torch.device("cpu")
+    return mm.get_torch_device()
+
+
+def processing_interrupted():
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return False
+    return bool(mm.processing_interrupted())
+
+
+def interrupt_exception():
+    """ComfyUI's exception for a cancelled run (a plain stand-in outside ComfyUI)."""
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return InterruptedError
+    return mm.InterruptProcessingException
+
+
+def soft_empty_cache():
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return
+    mm.soft_empty_cache()
+
+
+class Progress:
+    """ComfyUI's progress bar (with previews) and the live ``ssd.grid`` events; no-ops without
+    ComfyUI. ``send`` is throttled to ``min_interval`` seconds unless ``force``."""
+
+    def __init__(self, total, node_id=None, min_interval=0.05):
+        self.node_id = node_id
+        self.min_interval = min_interval
+        self._last_send = 0.0
+        self.sent = 0
+        try:
+            import comfy.utils
+            self.bar = comfy.utils.ProgressBar(total)
+        except ImportError:
+            self.bar = None
+        try:
+            from server import PromptServer
+            self.server = PromptServer.instance
+        except (ImportError, AttributeError):
+            self.server = None
+
+    def update(self, value, total, preview=None):
+        if self.bar is None or processing_interrupted():
+            # leave the cancel to the engine's should_cancel, which keeps the model usable
+            return
+        self.bar.update_absolute(value, total, preview)
+
+    def due(self):
+        return time.monotonic() - self._last_send >= self.min_interval
+
+    def send(self, event, data, force=False):
+        if self.server is None or (not force and not self.due()):
+            return False
+        self._last_send = time.monotonic()
+        payload = dict(data)
+        payload["node"] = None if self.node_id is None else str(self.node_id)
+        self.server.send_sync(event, payload, getattr(self.server, "client_id", None))
+        self.sent += 1
+        return True

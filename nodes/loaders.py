@@ -1,0 +1,82 @@
+"""Load AR Image Model (SSD) and Load SSD Heads: ComfyUI inputs -> ssd_core.load_model / load_heads."""
+
+from .. import ssd_core
+from . import _comfy
+
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+DEVICES = ["auto", "cpu", "cuda"]
+
+
+class SSDModel:
+    """What travels on an SSD_MODEL link: the engine's model, its draft heads (or None) and the
+    names the user picked (for messages). Nodes never modify one in place: ComfyUI caches outputs."""
+
+    def __init__(self, model, heads=None, name="reference", heads_name="none"):
+        self.model = model
+        self.heads = heads
+        self.name = name
+        self.heads_name = heads_name
+
+    def with_heads(self, heads, heads_name):
+        return SSDModel(self.model, heads, self.name, heads_name)
+
+    def __repr__(self):
+        return (f"SSDModel({self.name!r}, family={getattr(self.model, 'family', '?')!r}, "
+                f"heads={self.heads_name!r})")
+
+
+class SSDLoadModel:
+    CATEGORY = "sampling/SSD"
+    RETURN_TYPES = ("SSD_MODEL",)
+    RETURN_NAMES = ("ssd_model",)
+    FUNCTION = "load"
+    DESCRIPTION = ("Loads an autoregressive image model: 'reference' is the small model bundled with "
+                   "this pack; others are transformers-format folders (with config.json) placed in "
+                   "ComfyUI/models/ssd_models.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (_comfy.model_choices(), {"default": _comfy.BUNDLED,
+                          "tooltip": "folders under models/ssd_models holding a config.json"}),
+                "dtype": (DTYPES, {"default": "auto", "tooltip": "auto = the model's own choice for the device"}),
+                "device": (DEVICES, {"default": "auto", "tooltip": "auto = ComfyUI's device"}),
+            }
+        }
+
+    def load(self, model, dtype="auto", device="auto"):
+        if dtype not in DTYPES:
+            raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
+        dev = _comfy.torch_device(device)
+        path = _comfy.resolve_model(model)
+        loaded = ssd_core.load_model(path, dtype=dtype, device=dev)
+        return (SSDModel(loaded, None, model, _comfy.NO_HEADS),)
+
+
+class SSDLoadHeads:
+    CATEGORY = "sampling/SSD"
+    RETURN_TYPES = ("SSD_MODEL",)
+    RETURN_NAMES = ("ssd_model",)
+    FUNCTION = "load"
+    DESCRIPTION = ("Attaches draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model; "
+                   "the ssd, ssd-exact decoders need them. 'reference' = the heads bundled for the "
+                   "reference model; 'none' = no heads (ar, sjd, zipar).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "ssd_model": ("SSD_MODEL",),
+                "heads": (_comfy.heads_choices(), {"default": _comfy.BUNDLED}),
+            }
+        }
+
+    def load(self, ssd_model, heads="reference"):
+        if not isinstance(ssd_model, SSDModel):
+            raise ssd_core.SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)'.")
+        if heads == _comfy.NO_HEADS:
+            return (ssd_model.with_heads(None, heads),)
+        path = _comfy.resolve_heads(heads)
+        loaded = ssd_core.load_heads(path, ssd_model.model)
+        return (ssd_model.with_heads(loaded, heads),)

@@ -1,0 +1,158 @@
+"""The trace of a run: its compact form for the browser widget, and SSD Trace to Image.
+
+The palette and the status codes here are the same as in web/ssd_grid_core.js (a test checks).
+"""
+
+import torch
+
+# status code in the compact string -> name; order is the code (pending = "0")
+STATUS_NAMES = ("pending", "ar", "accepted", "corrected", "forced")
+STATUS_CODE = {name: str(i) for i, name in enumerate(STATUS_NAMES)}
+PALETTE = {
+    "pending": (43, 43, 43),
+    "ar": (138, 143, 152),
+    "accepted": (63, 185, 80),
+    "corrected": (240, 136, 62),
+    "forced": (88, 166, 255),
+}
+BACKGROUND = (20, 20, 20)
+
+
+def encode_status(status):
+    """H lists of W status names -> one string of H*W digit codes."""
+    code = STATUS_CODE
+    try:
+        return "".join(code[s] for row in status for s in row)
+    except KeyError as e:
+        raise ValueError(f"unknown cell status {e.args[0]!r}; known: {', '.join(STATUS_NAMES)}") from None
+
+
+def _flat(rows):
+    return [int(v) for row in rows for v in row]
+
+
+def check_trace(trace):
+    """Return the trace dict or raise a message saying what is wrong with it."""
+    if not isinstance(trace, dict) or "grid" not in trace or "status" not in trace:
+        raise ValueError("this input is not an SSD trace: connect the 'trace' output of an SSD Sampler.")
+    h, w = (int(v) for v in trace["grid"])
+    status = trace["status"]
+    if len(status) != h or any(len(r) != w for r in status):
+        raise ValueError(f"the trace is damaged: its status grid is not {h} x {w}. Run the SSD Sampler again.")
+    return trace
+
+
+def compact(trace, done=True):
+    """The widget's form of a full trace dict (``result.trace.to_dict()``): JSON, small."""
+    check_trace(trace)
+    h, w = (int(v) for v in trace["grid"])
+    out = {
+        "v": 1,
+        "done": bool(done),
+        "decoder": trace.get("decoder"),
+        "grid": [h, w],
+        "status": encode_status(trace["status"]),
+        "steps": int(trace.get("steps", 0)),
+        "wall_s": float(trace.get("wall_s", 0.0) or 0.0),
+        "prefill_s": float(trace.get("prefill_s", 0.0) or 0.0),
+        "counts": {k: int(v) for k, v in (trace.get("counts") or {}).items()},
+        "seed": trace.get("seed"),
+    }
+    if "step" in trace:
+        out["step"] = _flat(trace["step"])
+    if "round" in trace:
+        out["round"] = _flat(trace["round"])
+    for key in ("tokens_per_step", "nll"):
+        if trace.get(key) is not None:
+            out[key] = float(trace[key])
+    return out
+
+
+def live(progress, decoder, t0_wall):
+    """The ``ssd.grid`` event payload for one engine step (no per-cell steps: cheap)."""
+    h, w = (int(v) for v in progress.grid)
+    return {
+        "v": 1,
+        "done": False,
+        "decoder": decoder,
+        "grid": [h, w],
+        "status": encode_status(progress.status),
+        "steps": int(progress.step),
+        "final": int(progress.final_cells),
+        "wall_s": float(t0_wall),
+    }
+
+
+def stats_text(trace):
+    """One readable line per run, the SSD Sampler's STRING output."""
+    h, w = (int(v) for v in trace["grid"])
+    cells = h * w
+    steps = int(trace.get("steps", 0))
+    counts = trace.get("counts") or {}
+    parts = [f"{trace.get('decoder')}: {h}x{w} = {cells} tokens in {steps} steps"]
+    if steps:
+        parts.append(f"{cells}/{steps} = {cells / steps:.2f} tokens per step")
+    parts.append(f"{float(trace.get('wall_s', 0.0) or 0.0):.2f} s")
+    kinds = ", ".join(f"{k} {counts[k]}" for k in STATUS_NAMES if counts.get(k))
+    if kinds:
+        parts.append(kinds)
+    if trace.get("nll") is not None:
+        parts.append(f"nll {float(trace['nll']):.3f}")
+    parts.append(f"seed {trace.get('seed')}")
+    return " | ".join(parts)
+
+
+def _gradient(value, top):
+    """Dark blue (early) -> yellow (late)."""
+    t = 0.0 if top <= 0 else max(0.0, min(1.0, value / top))
+    a, b = (30, 40, 110), (250, 220, 60)
+    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))
+
+
+def render(trace, cell_size=16, color_by="status", gridlines=True):
+    """The grid as an IMAGE tensor [1, H*cell, W*cell, 3] in [0, 1]."""
+    check_trace(trace)
+    h, w = (int(v) for v in trace["grid"])
+    if color_by == "status":
+        lut = {name: PALETTE[name] for name in STATUS_NAMES}
+        colors = [[lut.get(s, BACKGROUND) for s in row] for row in trace["status"]]
+    elif color_by in ("step", "round"):
+        if color_by not in trace:
+            raise ValueError(f"this trace has no per-cell '{color_by}': pick color_by = status.")
+        vals = trace[color_by]
+        top = max((v for row in vals for v in row), default=0)
+        colors = [[_gradient(v, top) if v >= 0 else BACKGROUND for v in row] for row in vals]
+    else:
+        raise ValueError(f"unknown color_by '{color_by}': pick status, step or round.")
+    grid = torch.tensor(colors, dtype=torch.float32) / 255.0  # [H, W, 3]
+    img = grid.repeat_interleave(cell_size, 0).repeat_interleave(cell_size, 1)
+    if gridlines and cell_size >= 4:
+        img[::cell_size, :, :] *= 0.6
+        img[:, ::cell_size, :] *= 0.6
+    return img.unsqueeze(0).contiguous()
+
+
+class SSDTraceToImage:
+    """The status grid of a run as an image: one colour per cell status (or step / round)."""
+
+    CATEGORY = "sampling/SSD"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    FUNCTION = "render"
+    DESCRIPTION = ("Draws the trace of an SSD Sampler run: green = draft accepted, orange = corrected "
+                   "by the verifier, grey = plain AR, blue = forced; or a gradient by step / round.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "trace": ("SSD_TRACE",),
+                "cell_size": ("INT", {"default": 16, "min": 1, "max": 64,
+                                      "tooltip": "pixels per token cell"}),
+                "color_by": (["status", "step", "round"], {"default": "status"}),
+                "gridlines": ("BOOLEAN", {"default": True}),
+            }
+        }
+
+    def render(self, trace, cell_size=16, color_by="status", gridlines=True):
+        return (render(trace, int(cell_size), color_by, bool(gridlines)),)
