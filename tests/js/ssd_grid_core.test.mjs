@@ -1,0 +1,145 @@
+// The widget's pure logic: run with `node --test tests/js/` (Node 18+, no packages needed).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  STATUS_NAMES, PALETTE, BACKGROUND, LEGEND_HEIGHT, statusColor, normalizeTrace, countStatuses, layout,
+  cellAt, hoverText, legendLines, legendSwatches, mergeTrace, draw,
+} from "../../web/ssd_grid_core.js";
+
+// 2 x 3 grid: ar accepted corrected / forced accepted pending
+const compact = {
+  v: 1, done: true, decoder: "ssd", grid: [2, 3], status: "123420", steps: 2, wall_s: 1.234,
+  step: [1, 2, 2, 2, 2, -1], round: [0, 0, 1, 0, 0, -1],
+};
+const full = {
+  decoder: "ssd", grid: [2, 3], steps: 2, wall_s: 1.234,
+  status: [["ar", "accepted", "corrected"], ["forced", "accepted", "pending"]],
+  step: [[1, 2, 2], [2, 2, -1]], round: [[0, 0, 1], [0, 0, -1]],
+};
+
+test("status colours: by name and by code, unknown -> background", () => {
+  assert.equal(statusColor("accepted"), PALETTE.accepted);
+  assert.equal(statusColor(2), PALETTE.accepted);
+  assert.equal(statusColor("3"), PALETTE.corrected);
+  assert.equal(statusColor("nonsense"), BACKGROUND);
+  assert.deepEqual(STATUS_NAMES, ["pending", "ar", "accepted", "corrected", "forced"]);
+  assert.notEqual(PALETTE.accepted, PALETTE.corrected);
+});
+
+test("normalizeTrace accepts the compact and the full form alike", () => {
+  const a = normalizeTrace(compact);
+  const b = normalizeTrace(full);
+  assert.equal(a.status, "123420");
+  assert.equal(b.status, "123420");
+  assert.deepEqual(b.step, [1, 2, 2, 2, 2, -1]);
+  assert.deepEqual(b.round, a.round);
+  assert.equal(b.done, true);
+});
+
+test("normalizeTrace refuses what is not a trace", () => {
+  assert.equal(normalizeTrace(null), null);
+  assert.equal(normalizeTrace({}), null);
+  assert.equal(normalizeTrace({ grid: [2, 2], status: "123" }), null);
+  assert.equal(normalizeTrace({ grid: [0, 2], status: "" }), null);
+  assert.equal(normalizeTrace("x"), null);
+});
+
+test("countStatuses", () => {
+  assert.deepEqual(countStatuses("123420"), { pending: 1, ar: 1, accepted: 2, corrected: 1, forced: 1 });
+  assert.deepEqual(countStatuses(""), { pending: 0, ar: 0, accepted: 0, corrected: 0, forced: 0 });
+});
+
+test("layout keeps cells square, centred, above the legend", () => {
+  const lay = layout([2, 4], 412, 258 + LEGEND_HEIGHT);
+  assert.equal(lay.cell, 100);
+  assert.equal(lay.width, 400);
+  assert.equal(lay.height, 200);
+  assert.equal(lay.x, 6);
+  assert.ok(lay.y >= 6 && lay.y + lay.height <= 258 + LEGEND_HEIGHT - LEGEND_HEIGHT);
+  const tiny = layout([24, 24], 5, 5);
+  assert.equal(tiny.cell, 0);
+});
+
+test("cellAt finds the hovered cell and nothing outside the grid", () => {
+  const lay = layout([2, 4], 412, 258 + LEGEND_HEIGHT);
+  assert.deepEqual(cellAt(lay, lay.x + 1, lay.y + 1), { row: 0, col: 0, index: 0 });
+  assert.deepEqual(cellAt(lay, lay.x + 350, lay.y + 150), { row: 1, col: 3, index: 7 });
+  assert.equal(cellAt(lay, lay.x - 1, lay.y + 1), null);
+  assert.equal(cellAt(lay, lay.x + 1, lay.y + 201), null);
+  assert.equal(cellAt(null, 1, 1), null);
+});
+
+test("hoverText names status, step and round", () => {
+  const t = normalizeTrace(compact);
+  assert.equal(hoverText(t, { row: 0, col: 2, index: 2 }), "row 0, col 2: corrected at step 2, round 1");
+  assert.equal(hoverText(t, { row: 1, col: 2, index: 5 }), "row 1, col 2: pending");
+  const live = normalizeTrace({ grid: [1, 2], status: "22", steps: 1, done: false });
+  assert.equal(hoverText(live, { row: 0, col: 1, index: 1 }), "row 0, col 1: accepted");
+  assert.equal(hoverText(null, null), "");
+});
+
+test("legend: counts, steps, step ratio and time", () => {
+  const [counts, run] = legendLines(normalizeTrace(compact));
+  assert.equal(counts, "ar 1  accepted 2  corrected 1  forced 1  pending 1");
+  assert.equal(run, "ssd · 2 steps · 5/2 = 2.50 tokens/step · 1.23 s");
+  const [, liveRun] = legendLines(normalizeTrace({ ...compact, done: false, wall_s: 12.5 }));
+  assert.match(liveRun, /^ssd \(running\) · 2 steps/);
+  assert.match(liveRun, /12\.5 s$/);
+  assert.match(legendLines(null)[0], /queue/);
+  const sw = legendSwatches(normalizeTrace(compact));
+  assert.deepEqual(sw.map((s) => s.name), ["ar", "accepted", "corrected", "forced", "pending"]);
+  assert.equal(sw[1].count, 2);
+});
+
+test("mergeTrace: live replaces live, a late live event never hides the final trace, a new run does", () => {
+  const done = normalizeTrace(compact);
+  const late = { grid: [2, 3], status: "123400", steps: 2, done: false };
+  assert.equal(mergeTrace(done, late), done);
+  const next = mergeTrace(done, { grid: [2, 3], status: "100000", steps: 1, done: false });
+  assert.equal(next.steps, 1);
+  assert.equal(mergeTrace(next, { bad: true }), next);
+  assert.equal(mergeTrace(null, compact).status, "123420");
+  const bigger = mergeTrace(done, { grid: [4, 4], status: "1".repeat(16), steps: 5, done: false });
+  assert.deepEqual(bigger.grid, [4, 4]);
+});
+
+function fakeCtx() {
+  const calls = [];
+  const ctx = {
+    calls,
+    fillStyle: "", strokeStyle: "", lineWidth: 1, font: "", textBaseline: "",
+    fillRect(x, y, w, h) { calls.push(["fillRect", this.fillStyle, x, y, w, h]); },
+    strokeRect(x, y, w, h) { calls.push(["strokeRect", this.strokeStyle, x, y, w, h]); },
+    fillText(t, x, y) { calls.push(["fillText", t, x, y]); },
+    measureText(t) { return { width: t.length * 6 }; },
+    beginPath() {}, moveTo() {}, lineTo() {}, stroke() { calls.push(["stroke"]); },
+  };
+  return ctx;
+}
+
+test("draw paints every status with its colour, merges runs, writes the legend", () => {
+  const ctx = fakeCtx();
+  const t = normalizeTrace({ ...compact, status: "222320" });
+  const lay = draw(ctx, t, 412, 258 + LEGEND_HEIGHT);
+  const rects = ctx.calls.filter((c) => c[0] === "fillRect" && c[5] === lay.cell);
+  // row 0: "222" -> one run of 3 cells; "3" then "2" then "0" in row 1 -> 3 runs
+  const gridRects = rects.filter((c) => c[3] >= lay.y && c[3] < lay.y + lay.height);
+  assert.equal(gridRects.length, 4);
+  assert.equal(gridRects[0][1], PALETTE.accepted);
+  assert.equal(gridRects[0][4], 3 * lay.cell);
+  assert.ok(gridRects.some((c) => c[1] === PALETTE.corrected));
+  const texts = ctx.calls.filter((c) => c[0] === "fillText").map((c) => c[1]);
+  assert.ok(texts.includes("accepted 4"));
+  assert.ok(texts.includes("corrected 1"));
+  assert.ok(texts.some((s) => s.includes("tokens/step")));
+});
+
+test("draw outlines the hovered cell and copes with no trace", () => {
+  const ctx = fakeCtx();
+  const t = normalizeTrace(compact);
+  draw(ctx, t, 412, 258 + LEGEND_HEIGHT, { row: 1, col: 1, index: 4 });
+  assert.equal(ctx.calls.filter((c) => c[0] === "strokeRect").length, 1);
+  const empty = fakeCtx();
+  assert.equal(draw(empty, null, 300, 300), null);
+  assert.ok(empty.calls.some((c) => c[0] === "fillText" && /queue/.test(c[1])));
+});

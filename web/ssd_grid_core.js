@@ -1,0 +1,214 @@
+// Pure logic of the SSD token-grid widget: no DOM, no ComfyUI. Tested with `node --test tests/js/`.
+// The status codes and the palette are the same as in nodes/trace.py (a Python test checks).
+
+export const STATUS_NAMES = ["pending", "ar", "accepted", "corrected", "forced"];
+
+export const PALETTE = {
+  pending: "#2b2b2b",
+  ar: "#8a8f98",
+  accepted: "#3fb950",
+  corrected: "#f0883e",
+  forced: "#58a6ff",
+};
+
+export const BACKGROUND = "#141414";
+export const TEXT = "#dddddd";
+export const LEGEND_HEIGHT = 58;
+export const PAD = 6;
+
+// Status name or code ("2", 2) -> colour.
+export function statusColor(status) {
+  const name = typeof status === "number" || /^[0-9]$/.test(String(status))
+    ? STATUS_NAMES[Number(status)]
+    : status;
+  return PALETTE[name] ?? BACKGROUND;
+}
+
+// A trace in either form (the compact one the node sends, or a full to_dict() trace with
+// H lists of W status names) -> the compact form, or null when it is not a trace.
+export function normalizeTrace(raw) {
+  if (!raw || typeof raw !== "object" || !Array.isArray(raw.grid) || raw.grid.length !== 2) return null;
+  const [h, w] = raw.grid.map(Number);
+  if (!(h > 0 && w > 0)) return null;
+  let status = raw.status;
+  if (Array.isArray(status)) {
+    status = status.flat().map((s) => String(Math.max(0, STATUS_NAMES.indexOf(s)))).join("");
+  }
+  if (typeof status !== "string" || status.length !== h * w) return null;
+  const flat = (v) => (Array.isArray(v) ? (Array.isArray(v[0]) ? v.flat() : v) : null);
+  return {
+    v: 1,
+    done: raw.done !== false,
+    decoder: raw.decoder ?? "",
+    grid: [h, w],
+    status,
+    steps: Number(raw.steps ?? 0),
+    wall_s: Number(raw.wall_s ?? 0),
+    final: raw.final ?? null,
+    counts: raw.counts ?? null,
+    step: flat(raw.step),
+    round: flat(raw.round),
+    tokens_per_step: raw.tokens_per_step ?? null,
+    nll: raw.nll ?? null,
+    seed: raw.seed ?? null,
+  };
+}
+
+// Counts of every status in a compact status string.
+export function countStatuses(status) {
+  const counts = Object.fromEntries(STATUS_NAMES.map((n) => [n, 0]));
+  for (let i = 0; i < status.length; i++) {
+    const name = STATUS_NAMES[status.charCodeAt(i) - 48];
+    if (name) counts[name] += 1;
+  }
+  return counts;
+}
+
+// Where the grid goes in a box of width x height, the legend taking LEGEND_HEIGHT below it.
+export function layout(grid, width, height, legendHeight = LEGEND_HEIGHT) {
+  const [h, w] = grid;
+  const availW = Math.max(0, width - 2 * PAD);
+  const availH = Math.max(0, height - legendHeight - 2 * PAD);
+  const cell = Math.max(0, Math.min(availW / w, availH / h));
+  const gw = cell * w;
+  const gh = cell * h;
+  return {
+    rows: h,
+    cols: w,
+    cell,
+    x: PAD + (availW - gw) / 2,
+    y: PAD + (availH - gh) / 2,
+    width: gw,
+    height: gh,
+    legendY: height - legendHeight,
+  };
+}
+
+// The cell under a point (canvas coordinates), or null.
+export function cellAt(lay, px, py) {
+  if (!lay || lay.cell <= 0) return null;
+  const col = Math.floor((px - lay.x) / lay.cell);
+  const row = Math.floor((py - lay.y) / lay.cell);
+  if (row < 0 || col < 0 || row >= lay.rows || col >= lay.cols) return null;
+  return { row, col, index: row * lay.cols + col };
+}
+
+// "row 3, col 5: accepted at step 12, round 1"
+export function hoverText(trace, cell) {
+  if (!trace || !cell) return "";
+  const name = STATUS_NAMES[trace.status.charCodeAt(cell.index) - 48] ?? "?";
+  let text = `row ${cell.row}, col ${cell.col}: ${name}`;
+  if (name === "pending") return text;
+  const step = trace.step ? trace.step[cell.index] : undefined;
+  const round = trace.round ? trace.round[cell.index] : undefined;
+  if (step !== undefined && step !== null) text += ` at step ${step}`;
+  if (round !== undefined && round !== null) text += `, round ${round}`;
+  return text;
+}
+
+function fmtSeconds(s) {
+  return s >= 10 ? `${s.toFixed(1)} s` : `${s.toFixed(2)} s`;
+}
+
+// The two legend lines: counts per status, then steps / ratio / time.
+export function legendLines(trace) {
+  if (!trace) return ["SSD: queue the prompt to see the token grid", ""];
+  const counts = countStatuses(trace.status);
+  const cells = trace.grid[0] * trace.grid[1];
+  const shown = STATUS_NAMES.filter((n) => n !== "pending" && counts[n] > 0);
+  let first = shown.map((n) => `${n} ${counts[n]}`).join("  ");
+  if (counts.pending > 0) first += `${first ? "  " : ""}pending ${counts.pending}`;
+  const steps = trace.steps || 0;
+  const parts = [`${trace.decoder || "?"}${trace.done ? "" : " (running)"}`, `${steps} steps`];
+  if (steps > 0) {
+    const done = cells - counts.pending;
+    const ratio = done / steps;
+    parts.push(`${done}/${steps} = ${ratio.toFixed(2)} tokens/step`);
+  }
+  parts.push(fmtSeconds(Number(trace.wall_s || 0)));
+  return [first, parts.join(" · ")];
+}
+
+// The swatches drawn in the legend (every status that occurs, pending last).
+export function legendSwatches(trace) {
+  if (!trace) return [];
+  const counts = countStatuses(trace.status);
+  return STATUS_NAMES.filter((n) => n !== "pending" && counts[n] > 0)
+    .concat(counts.pending > 0 ? ["pending"] : [])
+    .map((n) => ({ name: n, color: PALETTE[n], count: counts[n] }));
+}
+
+// Merge a live event into the state the widget holds: a finished trace is never replaced by a
+// late live event of the same run; a new run (step count lower, or grid changed) replaces it.
+export function mergeTrace(current, incoming) {
+  const next = normalizeTrace(incoming);
+  if (!next) return current;
+  if (!current) return next;
+  if (current.done && !next.done && next.steps >= current.steps &&
+      current.grid[0] === next.grid[0] && current.grid[1] === next.grid[1]) {
+    return current;
+  }
+  return next;
+}
+
+// Draws the whole widget on a 2D context (anything with the CanvasRenderingContext2D calls used
+// here). Runs of equal status in a row are filled as one rectangle.
+export function draw(ctx, trace, width, height, hover = null) {
+  ctx.fillStyle = BACKGROUND;
+  ctx.fillRect(0, 0, width, height);
+  const lay = trace ? layout(trace.grid, width, height) : null;
+  if (trace && lay.cell > 0) {
+    const { rows, cols, cell } = lay;
+    for (let r = 0; r < rows; r++) {
+      let c = 0;
+      while (c < cols) {
+        const code = trace.status.charCodeAt(r * cols + c);
+        let end = c + 1;
+        while (end < cols && trace.status.charCodeAt(r * cols + end) === code) end++;
+        ctx.fillStyle = statusColor(code - 48);
+        ctx.fillRect(lay.x + c * cell, lay.y + r * cell, (end - c) * cell, cell);
+        c = end;
+      }
+    }
+    if (cell >= 6) {
+      ctx.strokeStyle = "rgba(0,0,0,0.35)";
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      for (let r = 0; r <= rows; r++) {
+        ctx.moveTo(lay.x, lay.y + r * cell);
+        ctx.lineTo(lay.x + cols * cell, lay.y + r * cell);
+      }
+      for (let c = 0; c <= cols; c++) {
+        ctx.moveTo(lay.x + c * cell, lay.y);
+        ctx.lineTo(lay.x + c * cell, lay.y + rows * cell);
+      }
+      ctx.stroke();
+    }
+    if (hover) {
+      ctx.strokeStyle = "#ffffff";
+      ctx.lineWidth = 2;
+      ctx.strokeRect(lay.x + hover.col * cell, lay.y + hover.row * cell, cell, cell);
+    }
+  }
+  // legend
+  const ly = height - LEGEND_HEIGHT;
+  ctx.font = "12px sans-serif";
+  ctx.textBaseline = "middle";
+  let x = PAD;
+  for (const sw of legendSwatches(trace)) {
+    ctx.fillStyle = sw.color;
+    ctx.fillRect(x, ly + 6, 12, 12);
+    ctx.fillStyle = TEXT;
+    const label = `${sw.name} ${sw.count}`;
+    ctx.fillText(label, x + 16, ly + 12);
+    x += 16 + (ctx.measureText ? ctx.measureText(label).width : label.length * 7) + 12;
+  }
+  const [first, second] = legendLines(trace);
+  ctx.fillStyle = TEXT;
+  if (!trace) ctx.fillText(first, PAD, ly + 12);
+  ctx.fillText(second, PAD, ly + 30);
+  const hoverLine = hover ? hoverText(trace, hover) : "hover a cell for its step and round";
+  ctx.fillStyle = "#aaaaaa";
+  if (trace) ctx.fillText(hoverLine, PAD, ly + 48);
+  return lay;
+}
