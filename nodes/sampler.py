@@ -123,7 +123,7 @@ class SSDSampler:
         return {
             "required": {
                 "ssd_model": ("SSD_MODEL",),
-                "prompt": ("STRING", {"multiline": True, "default": "0",
+                "prompt": ("STRING", {"multiline": True, "default": "cat",
                            "tooltip": "text; for class-conditional models (the reference) a class name or index"}),
                 "negative_prompt": ("STRING", {"multiline": True, "default": "",
                                     "tooltip": "only for families with negative prompts (janus, emu3, lumina)"}),
@@ -147,7 +147,7 @@ class SSDSampler:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def sample(self, ssd_model, prompt="0", negative_prompt="", seed=0, cfg=AUTO, temperature=AUTO,
+    def sample(self, ssd_model, prompt="cat", negative_prompt="", seed=0, cfg=AUTO, temperature=AUTO,
                top_k=AUTO, top_p=AUTO, decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto",
                unique_id=None):
         if not isinstance(ssd_model, SSDModel):

@@ -1,0 +1,152 @@
+"""The example workflows (UI format, example_workflows/) agree with their API-format copies
+(tests/workflows_api/): same nodes, same widget values, same links; and they fit the nodes' inputs."""
+
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+UI_DIR = ROOT / "example_workflows"
+API_DIR = ROOT / "tests" / "workflows_api"
+FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
+# ComfyUI core nodes the workflows use, with their widget inputs in order (ComfyUI 0.3.x)
+CORE_WIDGETS = {"SaveImage": ["filename_prefix"], "PreviewImage": [], "PreviewAny": []}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+DOWNLOADED = {("SSDLoadModel", "model"), ("SSDLoadHeads", "heads")}  # lists depend on the user's files
+
+
+def load_pack(name="comfyui_ssd_pack"):
+    """The repo root imported as a package (as ComfyUI does), without ComfyUI."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return importlib.import_module(name + ".nodes")
+
+
+def ui_files():
+    return sorted(UI_DIR.glob("*.json"))
+
+
+def widget_specs(node_type):
+    """[(name, spec)] of the widget inputs of a node, in the order the frontend makes widgets."""
+    if node_type in CORE_WIDGETS:
+        return [(n, None) for n in CORE_WIDGETS[node_type]]
+    cls = load_pack().NODE_CLASS_MAPPINGS[node_type]
+    types = cls.INPUT_TYPES()
+    out = []
+    for section in ("required", "optional"):
+        for name, spec in types.get(section, {}).items():
+            kind = spec[0]
+            if isinstance(kind, (list, tuple)) or kind in WIDGET_TYPES:
+                out.append((name, spec))
+    return out
+
+
+def ui_widget_inputs(node):
+    """UI node -> {input name: value}, dropping the control_after_generate values."""
+    vals = list(node.get("widgets_values") or [])
+    out = {}
+    i = 0
+    for name, spec in widget_specs(node["type"]):
+        assert i < len(vals), f"node {node['id']} ({node['type']}) has too few widgets_values"
+        out[name] = vals[i]
+        i += 1
+        if spec is not None and len(spec) > 1 and spec[1].get("control_after_generate"):
+            assert vals[i] in ("fixed", "increment", "decrement", "randomize"), vals[i]
+            i += 1
+    assert i == len(vals), f"node {node['id']} ({node['type']}) has extra widgets_values {vals[i:]}"
+    return out
+
+
+def test_every_workflow_has_an_api_copy_and_a_thumbnail():
+    names = [p.stem for p in ui_files()]
+    assert "ssd_reference_ar_vs_ssd" in names
+    assert {"ssd_janus_pro_ar_vs_ssd", "ssd_emu3_ar_vs_ssd", "ssd_lumina_mgpt_ar_vs_ssd"} <= set(names)
+    for name in names:
+        assert (API_DIR / f"{name}.json").is_file(), f"tests/workflows_api/{name}.json is missing"
+        jpg = UI_DIR / f"{name}.jpg"
+        assert jpg.is_file(), f"thumbnail example_workflows/{name}.jpg is missing"
+        assert jpg.read_bytes()[:3] == b"\xff\xd8\xff", f"{jpg.name} is not a JPEG"
+    assert sorted(p.stem for p in API_DIR.glob("*.json")) == sorted(names)
+
+
+@pytest.mark.parametrize("path", ui_files(), ids=lambda p: p.stem)
+def test_ui_and_api_agree(path):
+    ui = json.loads(path.read_text())
+    api = json.loads((API_DIR / path.name).read_text())
+    nodes = {n["id"]: n for n in ui["nodes"] if n["type"] not in FRONTEND_ONLY}
+
+    # same nodes, same types
+    assert sorted(str(i) for i in nodes) == sorted(api), "node ids differ"
+    for nid, node in nodes.items():
+        assert api[str(nid)]["class_type"] == node["type"]
+
+    # same links
+    ui_links = {}
+    for lid, src, sslot, dst, dslot, ltype in ui["links"]:
+        dnode = nodes[dst]
+        inp = dnode["inputs"][dslot]
+        assert inp["link"] == lid, f"link {lid} is not recorded on node {dst}"
+        assert lid in nodes[src]["outputs"][sslot]["links"], f"link {lid} is not recorded on node {src}"
+        assert inp["type"] in (ltype, "*")
+        ui_links[(str(dst), inp["name"])] = [str(src), sslot]
+    api_links = {(nid, k): v for nid, n in api.items() for k, v in n["inputs"].items() if isinstance(v, list)}
+    assert ui_links == api_links
+
+    # same widget values
+    for nid, node in nodes.items():
+        widgets = ui_widget_inputs(node)
+        api_widgets = {k: v for k, v in api[str(nid)]["inputs"].items() if not isinstance(v, list)}
+        assert widgets == api_widgets, f"node {nid} ({node['type']})"
+
+    assert ui["last_node_id"] >= max(n["id"] for n in ui["nodes"])
+    assert ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+
+
+@pytest.mark.parametrize("path", sorted(API_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_api_workflow_fits_the_node_inputs(path):
+    api = json.loads(path.read_text())
+    pack = load_pack()
+    for nid, node in api.items():
+        ctype = node["class_type"]
+        if ctype in CORE_WIDGETS:
+            continue
+        cls = pack.NODE_CLASS_MAPPINGS[ctype]
+        types = cls.INPUT_TYPES()
+        required = types.get("required", {})
+        assert set(required) <= set(node["inputs"]), f"node {nid} misses {set(required) - set(node['inputs'])}"
+        for name, value in node["inputs"].items():
+            spec = required.get(name) or types.get("optional", {}).get(name)
+            assert spec is not None, f"node {nid}: {ctype} has no input {name}"
+            kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
+            if isinstance(value, list):
+                src = api[value[0]]
+                out_type = pack.NODE_CLASS_MAPPINGS[src["class_type"]].RETURN_TYPES[value[1]]
+                assert out_type == kind, f"node {nid}.{name} wants {kind}, gets {out_type}"
+            elif isinstance(kind, (list, tuple)):
+                if (ctype, name) in DOWNLOADED and "reference" not in path.stem:
+                    continue
+                assert value in kind, f"node {nid}.{name}: {value!r} is not one of {kind}"
+            elif kind in ("INT", "FLOAT"):
+                assert opts.get("min", value) <= value <= opts.get("max", value), f"node {nid}.{name}"
+
+
+def test_reference_workflow_runs_on_install():
+    """Only the bundled model and heads, and only core nodes every ComfyUI has."""
+    api = json.loads((API_DIR / "ssd_reference_ar_vs_ssd.json").read_text())
+    types = {n["class_type"] for n in api.values()}
+    assert types <= {"SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"} | set(CORE_WIDGETS)
+    decoders = sorted(n["inputs"]["decoder"] for n in api.values() if n["class_type"] == "SSDSampler")
+    assert decoders == ["ar", "ssd"]
+    for n in api.values():
+        if n["class_type"] == "SSDLoadModel":
+            assert n["inputs"]["model"] == "reference"
+        if n["class_type"] == "SSDLoadHeads":
+            assert n["inputs"]["heads"] == "reference"
