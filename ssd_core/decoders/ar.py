@@ -1,0 +1,19 @@
+"""`ar`: one token a step, Gumbel-max keyed by (seed, slot) so that `ssd-exact` can reproduce it."""
+import torch
+
+from ..engine import Policy, Run
+
+
+class ARPolicy(Policy):
+    name = "ar"
+
+    def update(self, run: Run, logits, features) -> None:
+        slot = run.first_open()
+        if slot >= run.L:
+            return
+        one = torch.tensor([slot])
+        i = slot - run.start  # the logits predicting `slot` (its context is all final)
+        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), one), draft=False)
+        run.finalize(one)
+        run.end = slot + 1
+        run.extend_over_forced()

@@ -1,0 +1,66 @@
+"""Drafting with the heads: Hh chains along a row, Hv drafts a whole row from the row above."""
+from __future__ import annotations
+
+import torch
+
+from ..engine import Run
+
+
+def feature(run: Run, slot: int) -> torch.Tensor:
+    """[B, d] latest feature of a slot (-1: the prompt's last position)."""
+    return run.prompt_features if slot < 0 else run.features[:, slot]
+
+
+def _embed(run: Run, slots: torch.Tensor) -> torch.Tensor:
+    return run.model.embed(run.ids[slots].to(run.model.device)[None])[0]  # [n, d]
+
+
+def draft(run: Run, target: int, pick) -> None:
+    """Fill slots [run.end, target) with drafts; pick(logp [n, V], slots) -> codes.
+
+    Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
+    slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
+    """
+    heads, stride = run.heads, run.layout.row_stride
+    W = run.layout.grid[1]
+    s = run.end
+    target = min(target, run.L)
+    while s < target:
+        if not run.is_image(s):  # a forced token: its feature continues the horizontal chain
+            with torch.no_grad():
+                run.features[:, s] = heads.horizontal(feature(run, s - 1), _embed(run, torch.tensor([s]))[0])
+            run.head_calls += 1
+            s += 1
+            continue
+        row_start = (s // stride) * stride
+        stop = min(target, row_start + W)  # image cells of this row to draft now
+        slots = torch.arange(s, stop)
+        if s >= stride:  # vertical: the whole stretch in one call from the row above
+            above = slots - stride
+            with torch.no_grad():
+                pred = heads.vertical(run.features[:, above], _embed(run, above))  # [B, n, d] -> h of `slots`
+            run.head_calls += 1
+            prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
+            codes = pick(run.logp(run.model.image_logits(prev), slots), slots)
+            run.set_tokens(slots, codes)
+            run.features[:, slots] = pred
+        else:  # horizontal chain, one slot at a time
+            for t in slots.tolist():
+                one = torch.tensor([t])
+                prev = feature(run, t - 1)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one), one)
+                run.set_tokens(one, code)
+                with torch.no_grad():
+                    run.features[:, t] = heads.horizontal(prev, _embed(run, one)[0])
+                run.head_calls += 1
+        run.end = s = stop
+        run.extend_over_forced()
+        s = run.end
+
+
+def rows_end(run: Run, first_slot: int, rows: int) -> int:
+    """The slot after the last slot of the `rows` rows starting at the row of `first_slot`."""
+    stride = run.layout.row_stride
+    H = run.layout.grid[0]
+    last_row = min(H, first_slot // stride + rows)
+    return run.L if last_row >= H else last_row * stride

@@ -1,0 +1,40 @@
+"""`ssd-exact`: Gumbel-coupled drafts and prefix acceptance; the verifier's outputs become the next drafts.
+
+Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very image `ar` makes for the
+seed. A window token is final while every token before it was final or matched the verifier's output;
+the rest take the verifier's outputs (Jacobi iteration) and the heads only extend the window.
+"""
+import torch
+
+from ..engine import Policy, Run
+from .drafting import draft, rows_end
+
+
+class ExactPolicy(Policy):
+    name = "ssd-exact"
+    needs_heads = True
+
+    def __init__(self, draft_rows: int = 1):
+        self.draft_rows = draft_rows
+        self.params = {"draft_rows": draft_rows}
+
+    def update(self, run: Run, logits, features) -> None:
+        start, end = run.start, run.end
+        slots = run.open_in(start, end + 1)  # open slots of the window and the one just past it
+        if slots.numel():
+            verdict = run.gumbel_sample(run.logp(logits[:, slots - start], slots), slots)  # verifier outputs
+            inside = slots < end
+            fed = run.codes[slots]
+            # final: the leading matches plus the first mismatch (its context was all final)
+            match = (fed == verdict) & inside
+            lead = int(match.long().cumprod(0).sum())
+            n_final = min(lead + 1, slots.numel())
+            run.set_tokens(slots[:n_final], verdict[:n_final], draft=False)  # head drafts keep their record
+            run.set_tokens(slots[n_final:], verdict[n_final:])  # Jacobi: the verifier's outputs are the new drafts
+            run.finalize(slots[:n_final])
+            if slots[-1] >= end and end < run.L:
+                run.end = end + 1
+                run.extend_over_forced()
+        first = run.first_open()
+        if first < run.L:
+            draft(run, rows_end(run, first, self.draft_rows), run.gumbel_sample)

@@ -1,0 +1,63 @@
+"""`sjd` (peer): speculative Jacobi decoding, as tyshiwo1/Accelerating-T2I-AR-with-SJD releases it.
+
+A window of `window` tokens; new ones start as the token above (or uniform random in the first row).
+Tokens are accepted in prefix order with min(1, p/q), q the distribution each was drawn from; the first
+rejected one is resampled from norm(max(0, p - q)) and is final; the rest are redrawn from the new p.
+"""
+import torch
+
+from ..engine import Policy, Run
+from ..sampling import residual
+
+
+class SJDPolicy(Policy):
+    name = "sjd"
+
+    def __init__(self, window: int = 16):
+        self.window = window
+        self.params = {"window": window}
+
+    def update(self, run: Run, logits, features) -> None:
+        start, end = run.start, run.end
+        slots = run.open_in(start, end)
+        if slots.numel():
+            p = run.logp(logits[:, slots - start], slots).exp().cpu()
+            q = torch.stack([run.q[s] for s in slots.tolist()])
+            tok = run.codes[slots]
+            ratio = p.gather(1, tok[:, None]).squeeze(1) / q.gather(1, tok[:, None]).squeeze(1).clamp(min=1e-30)
+            ok = run.uniform(slots.numel()) < ratio.clamp(max=1.0)
+            lead = int(ok.long().cumprod(0).sum())
+            run.finalize(slots[:lead])
+            if lead < slots.numel():
+                first = slots[lead:lead + 1]
+                run.set_tokens(first, run.sample(residual(p[lead:lead + 1], q[lead:lead + 1]).clamp(min=1e-30).log()))
+                run.finalize(first)
+                rest, p_rest = slots[lead + 1:], p[lead + 1:]
+                if rest.numel():  # Jacobi: redraw the rest from their new p
+                    run.set_tokens(rest, run.sample(p_rest.clamp(min=1e-30).log()))
+                    for s, dist in zip(rest.tolist(), p_rest):
+                        run.q[s] = dist
+        if not run.open_in(start, run.end).numel() and run.end < run.L and run.end - start < logits.shape[1]:
+            one = torch.tensor([run.end])  # the token after an all-final window: an exact sample
+            run.set_tokens(one, run.sample(run.logp(logits[:, run.end - start:run.end - start + 1], one)), draft=False)
+            run.finalize(one)
+            run.end += 1
+            run.extend_over_forced()
+        self._extend(run)
+
+    def _extend(self, run: Run) -> None:
+        stride, V = run.layout.row_stride, run.V
+        while run.end < run.L and run.open_in(run.start, run.end).numel() < self.window:
+            s = run.end
+            above = s - stride
+            if above >= 0 and run.codes[above] >= 0:  # vertical repeat of the row above
+                code = run.codes[above:above + 1].clone()
+                q = torch.zeros(V)
+                q[code] = 1.0
+            else:
+                code = torch.randint(V, (1,), generator=run.rng)
+                q = torch.full((V,), 1.0 / V)
+            run.set_tokens(torch.tensor([s]), code)
+            run.q[s] = q
+            run.end += 1
+            run.extend_over_forced()

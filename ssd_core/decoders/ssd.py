@@ -1,0 +1,47 @@
+"""`ssd` (the paper): drafts from the heads, per-position acceptance min(1, p/q), residual correction.
+
+A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every rejected token is resampled from
+norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
+with the first verification of the next one (both ride in one forward).
+"""
+import torch
+
+from ..engine import Policy, Run
+from ..sampling import residual
+from .drafting import draft, rows_end
+
+
+class SSDPolicy(Policy):
+    name = "ssd"
+    needs_heads = True
+
+    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2):
+        self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
+        self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds}
+
+    def update(self, run: Run, logits, features) -> None:
+        start = run.start
+        slots = run.open_in(start, run.end)
+        if slots.numel():
+            p = run.logp(logits[:, slots - start], slots).exp().cpu()  # [n, V] verifier
+            q = torch.stack([run.q[s] for s in slots.tolist()])  # [n, V] what each token was drawn from
+            tok = run.codes[slots]
+            ratio = p.gather(1, tok[:, None]).squeeze(1) / q.gather(1, tok[:, None]).squeeze(1).clamp(min=1e-30)
+            rejected = run.uniform(slots.numel()) >= ratio.clamp(max=1.0)
+            if rejected.any():
+                fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
+                run.set_tokens(slots[rejected], fixes, draft=False)
+            for s, dist in zip(slots.tolist(), p):
+                run.q[s] = dist  # each token is now a sample of this round's p
+            run.finalize(slots[run.verified[slots] > self.verify_rounds])
+        if not run.open_in(start, run.end).numel() and run.end < run.L:
+            draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
+
+    @staticmethod
+    def _pick(run: Run):
+        def pick(logp, slots):
+            codes = run.sample(logp)
+            for s, row in zip(slots.tolist(), logp.exp().cpu()):
+                run.q[s] = row
+            return codes
+        return pick

@@ -1,0 +1,226 @@
+"""The base-model contract every family implements, and the one CFG-batched session they share.
+
+A family adapter turns a transformers model into a `GridModel`: it says how a prompt becomes token ids,
+how ids are embedded, where the final norm and the image head are, and how a token grid is laid out
+(row-end tokens, forced tail tokens). Everything else (the KV cache, masks, positions, classifier-free
+guidance as one batch of 2) lives here once.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import SSDError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where image cells and forced tokens sit in the flat sequence that follows the prompt."""
+
+    grid: tuple[int, int]
+    forced: torch.Tensor  # [L] long: the forced token id at a slot, -1 at an image cell
+    slot_of_cell: torch.Tensor  # [H*W] long: the slot of cell y*W+x
+    cell_of_slot: torch.Tensor  # [L] long: the cell at a slot, -1 at a forced slot
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.forced.numel())
+
+    @property
+    def row_stride(self) -> int:
+        H, W = self.grid
+        return int(self.slot_of_cell[W]) if H > 1 else W
+
+    @staticmethod
+    def build(grid: tuple[int, int], row_end: int | None = None, tail: list[int] | tuple[int, ...] = ()) -> "Layout":
+        H, W = grid
+        forced: list[int] = []
+        slot_of_cell: list[int] = []
+        for _ in range(H):
+            for _ in range(W):
+                slot_of_cell.append(len(forced))
+                forced.append(-1)
+            if row_end is not None:
+                forced.append(int(row_end))
+        forced.extend(int(t) for t in tail)
+        forced_t = torch.tensor(forced, dtype=torch.long)
+        soc = torch.tensor(slot_of_cell, dtype=torch.long)
+        cos = torch.full_like(forced_t, -1)
+        cos[soc] = torch.arange(H * W)
+        return Layout((H, W), forced_t, soc, cos)
+
+
+@dataclass
+class Prompt:
+    """Token ids of the prompt: row 0 conditional, row 1 unconditional when CFG is on (left-padded)."""
+
+    ids: torch.Tensor  # [B, P] long
+    mask: torch.Tensor  # [B, P] bool: True at real tokens, False at left padding
+
+
+def _cache_kwarg(module: torch.nn.Module) -> str:
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@contextlib.contextmanager
+def capture_input(module: torch.nn.Module):
+    """Record the input of `module` (the final norm) during a forward: the pre-norm last-layer features."""
+    box: dict[str, torch.Tensor] = {}
+
+    def hook(_mod, args, kwargs):
+        box["x"] = args[0] if args else next(iter(kwargs.values()))
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield box
+    finally:
+        handle.remove()
+
+
+class GridModel:
+    """A base AR image model behind one contract. Subclasses set the attributes and override the hooks."""
+
+    family: str = "base"
+    hidden_size: int
+    image_vocab_size: int
+    default_grid: tuple[int, int]
+    class_names: list[str] | None = None
+    text_prompts: bool = False
+    negative_prompts: bool = False
+    defaults: dict  # sampler defaults: cfg, temperature, top_k, top_p
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self._cache_kw = _cache_kwarg(self.backbone())
+
+    # ---- hooks a family overrides -------------------------------------------------------------
+    def backbone(self) -> torch.nn.Module:
+        """The decoder stack taking inputs_embeds / attention_mask / position_ids / cache."""
+        raise NotImplementedError
+
+    def final_norm(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of sequence ids [..., n] -> [..., n, d] (image ids and forced ids alike)."""
+        raise NotImplementedError
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Final-normed features [..., d] -> logits over the image vocabulary [..., V_img]."""
+        raise NotImplementedError
+
+    def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
+        """Image codes (0..V_img-1) -> sequence ids the model reads."""
+        raise NotImplementedError
+
+    def layout(self, grid: tuple[int, int] | None = None) -> Layout:
+        raise NotImplementedError
+
+    def grid_options(self) -> list[tuple[int, int]]:
+        return [self.default_grid]
+
+    def build_prompt(self, prompt, negative_prompt: str, cfg: bool, grid: tuple[int, int]) -> Prompt:
+        raise NotImplementedError
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """A grid of image codes [H, W] -> pixels [H_px, W_px, 3] in [0, 1], or None without a decoder."""
+        return None
+
+    # ---- shared machinery ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def to(self, device) -> "GridModel":
+        self.model.to(device)
+        return self
+
+    def check_grid(self, grid) -> tuple[int, int]:
+        grid = tuple(int(v) for v in grid) if grid is not None else tuple(self.default_grid)
+        if len(grid) != 2 or min(grid) < 1:
+            raise SSDError(f"grid {grid} is not a (rows, columns) pair of positive integers")
+        options = self.grid_options()
+        if grid not in [tuple(o) for o in options]:
+            shown = ", ".join(f"{h}x{w}" for h, w in options[:12]) + (" ..." if len(options) > 12 else "")
+            raise SSDError(f"{self.family} model cannot make a {grid[0]}x{grid[1]} token grid; choose one of: {shown}")
+        return grid  # type: ignore[return-value]
+
+    def image_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Pre-norm features [..., d] -> float32 logits over the image vocabulary."""
+        return self.head_logits(self.final_norm()(features)).float()
+
+    def start(self, prompt: Prompt) -> "Session":
+        return Session(self, prompt)
+
+
+class Session:
+    """One generation's KV cache over [prompt ; slots]. Batch row 0 is conditional, row 1 unconditional."""
+
+    def __init__(self, model: GridModel, prompt: Prompt):
+        from transformers import DynamicCache
+
+        self.m = model
+        dev = model.device
+        self.prompt_mask = prompt.mask.to(dev)
+        self.batch, self.prompt_len = prompt.ids.shape
+        self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
+        self.cache = DynamicCache()
+        self.cached = 0  # image-sequence slots whose keys are in the cache
+        pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, 0, None, prefill=True))
+        self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
+
+    def _mask(self, n: int, past_slots: int, visible: torch.Tensor | None, prefill: bool = False) -> torch.Tensor:
+        """Float additive mask [B, 1, n, keys]: prompt padding, cached slots, causal (and visible) window."""
+        dev, dtype = self.m.device, self.m.dtype
+        P = self.prompt_len
+        win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        if visible is not None:  # keys of invisible window slots are hidden from every other query
+            win &= visible.to(dev)[None, :] | torch.eye(n, dtype=torch.bool, device=dev)
+        if prefill:  # the prompt itself: causal over the prompt's real tokens
+            allowed = win[None] & self.prompt_mask[:, None, :]
+        else:
+            allowed = torch.ones(self.batch, n, P + past_slots + n, dtype=torch.bool, device=dev)
+            allowed[:, :, :P] &= self.prompt_mask[:, None, :]
+            allowed[:, :, P + past_slots:] = win[None]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        embeds = self.m.embed(ids)
+        with torch.no_grad(), capture_input(self.m.final_norm()) as box:
+            self.m.backbone()(inputs_embeds=embeds, attention_mask=mask, position_ids=pos,
+                              use_cache=True, **{self.m._cache_kw: self.cache})
+        return box["x"]
+
+    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed slots [cached, cached + n) -> pre-norm features [B, n, d]. They enter the cache."""
+        n = slot_ids.numel()
+        dev = self.m.device
+        ids = slot_ids.to(dev).view(1, n).expand(self.batch, n)
+        pos = self.real_len[:, None] + self.cached + torch.arange(n, device=dev)[None]
+        feats = self._run(ids, pos, self._mask(n, self.cached, visible))
+        self.cached += n
+        return feats
+
+    def crop(self, slots: int) -> None:
+        """Keep the prompt and the first `slots` slots in the cache."""
+        drop = self.cached - slots
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.cached = slots
+
+    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        layers = getattr(self.cache, "layers", None)
+        if layers is not None:
+            return [(layer.keys, layer.values) for layer in layers]
+        return list(zip(self.cache.key_cache, self.cache.value_cache))

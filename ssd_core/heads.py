@@ -1,0 +1,121 @@
+"""The draft heads (horizontal and vertical) and their safetensors file format.
+
+Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU(RMSNorm(z)).
+  horizontal: (h[slot s-1], e(token[s]))     -> h[s]       (the next token's embedding says what was sampled)
+  vertical:   (h[y, x],     e(token[y, x]))  -> h[y+1, x]  (one call drafts a whole row)
+h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import SSDError
+
+FORMAT = "ssd-heads"
+FORMAT_VERSION = "1"
+HEAD_FORM = "concat-linear+swiglu-residual"
+
+
+class DraftHead(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, eps: float = 1e-6):
+        super().__init__()
+        self.fuse = nn.Linear(2 * hidden, hidden, bias=False)  # W0 [h ; e]
+        self.norm = nn.RMSNorm(hidden, eps=eps)
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        z = self.fuse(torch.cat([h, e.expand_as(h)], dim=-1))
+        x = self.norm(z)
+        return z + self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class DraftHeads(nn.Module):
+    """Both heads plus the metadata that ties them to one base model."""
+
+    def __init__(self, family: str, hidden: int, image_vocab: int, grid: tuple[int, int],
+                 intermediate: int | None = None, extra: dict | None = None):
+        super().__init__()
+        self.family, self.hidden, self.image_vocab = family, int(hidden), int(image_vocab)
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.intermediate = int(intermediate or hidden)
+        self.extra = dict(extra or {})
+        self.horizontal = DraftHead(self.hidden, self.intermediate)
+        self.vertical = DraftHead(self.hidden, self.intermediate)
+
+    @classmethod
+    def for_model(cls, model, intermediate: int | None = None, **extra) -> "DraftHeads":
+        return cls(model.family, model.hidden_size, model.image_vocab_size, model.default_grid, intermediate, extra)
+
+    def metadata(self) -> dict[str, str]:
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "family": self.family,
+                "hidden_size": str(self.hidden), "image_vocab_size": str(self.image_vocab),
+                "grid": f"{self.grid[0]}x{self.grid[1]}", "head_form": HEAD_FORM,
+                "intermediate_size": str(self.intermediate)}
+        meta.update({k: str(v) for k, v in self.extra.items()})
+        return meta
+
+    def check_model(self, model) -> None:
+        """Refuse heads made for another model, naming both sides."""
+        mine = {"family": self.family, "hidden size": self.hidden, "image vocabulary": self.image_vocab,
+                "grid": f"{self.grid[0]}x{self.grid[1]}"}
+        theirs = {"family": model.family, "hidden size": model.hidden_size,
+                  "image vocabulary": model.image_vocab_size,
+                  "grid": f"{model.default_grid[0]}x{model.default_grid[1]}"}
+        for key in mine:
+            if mine[key] != theirs[key]:
+                raise SSDError(f"these draft heads were trained for {key} {mine[key]} but the model has {key} "
+                               f"{theirs[key]}; load heads trained for this model, or train them with "
+                               "`python -m ssd_core train-heads`")
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to(torch.float16 if v.dtype == torch.float16 else v.dtype).contiguous().cpu()
+                   for k, v in self.state_dict().items()}
+        save_file(tensors, str(path), metadata=self.metadata())
+
+
+def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> DraftHeads:
+    """Read a heads file (safetensors only). Any other or damaged file is refused with a clear message."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise SSDError(f"heads file {path} does not exist; pick a .safetensors file from models/ssd_heads "
+                       "or 'none' to decode without heads")
+    if path.suffix != ".safetensors":
+        raise SSDError(f"{path.name} is not a .safetensors file; SSD heads are only read from safetensors "
+                       "(pickled .pt/.bin/.ckpt files are never loaded)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # safetensors raises several types for a damaged header
+        raise SSDError(f"{path.name} is not a readable safetensors file ({err}); re-download or re-train it") from None
+    if meta.get("format") != FORMAT:
+        raise SSDError(f"{path.name} is a safetensors file but not an SSD heads file (metadata format="
+                       f"{meta.get('format')!r}, expected {FORMAT!r})")
+    if meta.get("format_version") != FORMAT_VERSION or meta.get("head_form") != HEAD_FORM:
+        raise SSDError(f"{path.name} has heads format version {meta.get('format_version')} / form "
+                       f"{meta.get('head_form')}; this version of the pack reads version {FORMAT_VERSION} / "
+                       f"{HEAD_FORM}: retrain the heads or update the pack")
+    try:
+        grid = tuple(int(v) for v in meta["grid"].split("x"))
+        known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
+                 "intermediate_size"}
+        heads = DraftHeads(meta["family"], int(meta["hidden_size"]), int(meta["image_vocab_size"]), grid,
+                           int(meta["intermediate_size"]), {k: v for k, v in meta.items() if k not in known})
+        heads.load_state_dict(tensors)
+    except (KeyError, ValueError, RuntimeError) as err:
+        raise SSDError(f"{path.name} has damaged heads metadata or tensors ({err}); re-train the heads") from None
+    return heads.to(dtype) if dtype is not None else heads
+
+
+def describe(path: str | Path) -> str:
+    return json.dumps(load_heads_file(path).metadata(), indent=1)

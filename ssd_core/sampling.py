@@ -1,0 +1,120 @@
+"""Sampler settings: temperature / top-k / top-p, classifier-free guidance, Gumbel noise by (seed, slot)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SSDError
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    seed: int = 0
+    cfg: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not math.isfinite(self.cfg) or self.cfg < 0:
+            raise SSDError(f"cfg must be a number >= 0 (1 = no guidance), got {self.cfg}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise SSDError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise SSDError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg != 1.0
+
+
+def guide(logits: torch.Tensor, cfg: float) -> torch.Tensor:
+    """[B, ..., V] per-stream logits -> [..., V] guided logits u + s (c - u) (B = 1: unchanged)."""
+    if logits.shape[0] == 1:
+        return logits[0]
+    cond, uncond = logits[0], logits[1]
+    return uncond + cfg * (cond - uncond)
+
+
+def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Guided logits [n, V] -> log p [n, V] after temperature, top-k and top-p (-inf outside the kept set).
+
+    Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions` only names the
+    offending slots when a logit is NaN or infinite.
+    """
+    bad = ~torch.isfinite(logits).all(-1)
+    if bad.any():
+        where = positions[bad].tolist() if positions is not None else bad.nonzero().flatten().tolist()
+        raise SSDError(f"the model produced NaN or infinite logits at image sequence position(s) {where[:8]}; "
+                       "try float32 (dtype fp32) or another device; fp16 overflows on some models")
+    if s.temperature == 0:
+        out = torch.full_like(logits, NEG_INF)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
+    x = logits / s.temperature
+    if s.top_k and s.top_k < x.shape[-1]:
+        kth = x.topk(int(s.top_k), dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, NEG_INF)
+    if s.top_p < 1.0:
+        sorted_x, order = x.sort(-1, descending=True)
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_x.softmax(-1) >= s.top_p  # keep the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, NEG_INF)
+    return x.log_softmax(-1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser on int64 tensors (wrapping arithmetic, logical shifts)."""
+    def shr(v, k):
+        return (v >> k) & ((1 << (64 - k)) - 1)
+
+    x = x ^ shr(x, 30)
+    x = x * _signed(0xBF58476D1CE4E5B9)
+    x = x ^ shr(x, 27)
+    x = x * _signed(0x94D049BB133111EB)
+    return x ^ shr(x, 31)
+
+
+def _signed(v: int) -> int:
+    v &= _MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def gumbel(seed: int, slots: torch.Tensor, vocab: int, device=None) -> torch.Tensor:
+    """Gumbel noise [n, V] that depends only on (seed, slot, code): a counter-based generator.
+
+    The same (seed, slot) gives the same noise in every decoder and every window, so Gumbel-max sampling
+    is a deterministic function of the seed; only the slots asked for are ever materialised.
+    """
+    device = device or slots.device
+    key = _mix(torch.tensor(_signed(seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019), dtype=torch.long))
+    base = _mix(key ^ (slots.to(device="cpu", dtype=torch.long) * _signed(0xD1B54A32D192ED03)))
+    codes = torch.arange(vocab, dtype=torch.long)
+    bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
+    u = (shr53(bits).double() + 0.5) / float(1 << 53)  # uniform in (0, 1)
+    return (-torch.log(-torch.log(u))).float().to(device)
+
+
+def shr53(bits: torch.Tensor) -> torch.Tensor:
+    return (bits >> 11) & ((1 << 53) - 1)
+
+
+def gumbel_argmax(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """x = argmax(log p + g): an exact sample of p, coupled across calls through the noise."""
+    return (logp + noise).argmax(-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)); falls back to p where p == q (the rejection then has probability 0)."""
+    r = (p - q).clamp(min=0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 1e-12, r / total.clamp(min=1e-30), p)

@@ -1,0 +1,73 @@
+"""What a run reports: how each cell became final, and per-run figures (spec section 6)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+STATUSES = ("pending", "ar", "accepted", "corrected", "forced")
+PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
+
+
+@dataclass
+class Progress:
+    """Handed to on_step after every base-model step."""
+
+    step: int
+    grid: tuple[int, int]
+    tokens: torch.Tensor  # [H, W] long, -1 where not final yet
+    status_codes: torch.Tensor  # [H, W] int8 codes into STATUSES
+    final_cells: int
+
+    @property
+    def status(self) -> list[list[str]]:
+        return [[STATUSES[v] for v in row] for row in self.status_codes.tolist()]
+
+
+@dataclass
+class Trace:
+    decoder: str
+    grid: tuple[int, int]
+    tokens: torch.Tensor  # [H, W]
+    status: torch.Tensor  # [H, W] int8
+    step: torch.Tensor  # [H, W] int32: the step that finalized the cell (0 = from the prefill)
+    round: torch.Tensor  # [H, W] int32
+    steps: int
+    settings: dict
+    timings: dict = field(default_factory=dict)
+    head_calls: int = 0
+    finalize_forwards: int = 0
+    peak_memory_mb: float = 0.0
+    nll: float | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: int((self.status == i).sum()) for i, name in enumerate(STATUSES) if name != "pending"}
+
+    def acceptance_by_row(self) -> list[float | None]:
+        out = []
+        for row in self.status:
+            drafted = int(((row == ACCEPTED) | (row == CORRECTED)).sum())
+            out.append(round(int((row == ACCEPTED).sum()) / drafted, 4) if drafted else None)
+        return out
+
+    def acceptance_by_round(self) -> dict[int, int]:
+        rounds = self.round[(self.status == ACCEPTED) | (self.status == CORRECTED)]
+        return {int(r): int((rounds == r).sum()) for r in rounds.unique()}
+
+    def to_dict(self) -> dict:
+        H, W = self.grid
+        cells = H * W
+        return {
+            "decoder": self.decoder, "grid": [H, W], "tokens": self.tokens.tolist(),
+            "status": [[STATUSES[v] for v in row] for row in self.status.tolist()],
+            "step": self.step.tolist(), "round": self.round.tolist(),
+            "steps": self.steps, "tokens_per_step": round(cells / max(self.steps, 1), 3),
+            "counts": self.counts, "head_calls": self.head_calls, "finalize_forwards": self.finalize_forwards,
+            "acceptance_by_row": self.acceptance_by_row(),
+            "acceptance_by_round": {str(k): v for k, v in self.acceptance_by_round().items()},
+            "prefill_s": round(self.timings.get("prefill", 0.0), 4), "wall_s": round(self.timings.get("wall", 0.0), 4),
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": self.nll,
+            "seed": self.settings.get("seed"), "settings": self.settings,
+        }

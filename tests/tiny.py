@@ -1,0 +1,39 @@
+"""Tiny real llama-grid models for the tests: random-init LlamaForCausalLM saved with save_pretrained."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def make_llama_grid(folder: Path, grid=(4, 5), image_vocab: int = 16, num_classes: int = 3, row_end: bool = False,
+                    hidden: int = 32, layers: int = 2, seed: int = 0, max_positions: int = 256) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    row_end_token = image_vocab if row_end else None
+    class_start = image_vocab + (1 if row_end else 0)
+    null = class_start + num_classes
+    config = LlamaConfig(vocab_size=null + 1, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper logits than the default init, so that drafts and decisions matter
+        model.lm_head.weight.mul_(8.0)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    spec = {"family": "llama-grid", "grid": list(grid), "image_token_start": 0, "image_vocab_size": image_vocab,
+            "row_end_token": row_end_token, "num_classes": num_classes, "class_token_start": class_start,
+            "null_class_token": null, "vq_decoder": None, "class_names": [f"class{i}" for i in range(num_classes)]}
+    (folder / "ssd_model.json").write_text(json.dumps(spec))
+    return folder
+
+
+def make_heads(model, path: Path, seed: int = 0) -> Path:
+    from ssd_core.heads import DraftHeads
+
+    torch.manual_seed(seed)
+    heads = DraftHeads.for_model(model)
+    heads.save(path)
+    return path
