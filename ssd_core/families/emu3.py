@@ -1,0 +1,180 @@
+"""`emu3`: Emu3-Gen through transformers' `Emu3ForConditionalGeneration`.
+
+- features: `model.model.text_model`, pre-norm features from its final norm;
+- image logits: `lm_head` restricted to the visual tokens, ordered by code (`vocabulary_mapping.img2bpe`);
+- prompt: BOS + prompt + `<|image start|>{H}*{W}<|image token|>`, as Emu3's processor writes it;
+- layout: H rows of (W visual tokens + the forced end-of-line `<|extra_200|>`), row stride W + 1, then the forced
+  tail `<|extra_201|>`, `<|image end|>`, EOS;
+- CFG: the negative prompt (with the same image prefix) is the second row of ONE batch, left-padded; not
+  transformers' unbatched guidance processor, which runs a second forward per step;
+- resolution selectable: any H x W grid that fits the model's positions (90x90 = 720 px upstream);
+- pixels: the VQ model (`model.model.vqmodel.decode`).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .. import hub
+from ..errors import SSDError
+from .base import GridModel, Layout, Prompt
+
+IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
+IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"
+# Emu3-Gen's own negative prompt (its README / demo); used when the caller passes None
+DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+                    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+                    "username, blurry.")
+UPSTREAM_SIDE = 90  # 720 px at f = 8
+RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
+PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
+
+
+class Emu3Model(GridModel):
+    family = "emu3"
+    text_prompts = True
+    negative_prompts = True
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, grid=None):
+        super().__init__(model)
+        cfg = model.config
+        self.folder = folder
+        self.tokenizer = tokenizer
+        self.hidden_size = int(cfg.text_config.hidden_size)
+        vm = model.model.vocabulary_mapping
+        img2bpe = vm.img2bpe
+        n = len(img2bpe)
+        if n == 0 or sorted(img2bpe) != list(range(n)):
+            raise SSDError(f"Emu3 model {folder or ''}: its vocabulary_map has no complete set of "
+                           "'<|visual token NNNNNN|>' entries")
+        self.image_vocab_size = n
+        self.image_ids = torch.tensor([img2bpe[c] for c in range(n)], dtype=torch.long)
+        vocab = cfg.vocabulary_map
+        self.eol_id = hub.token_id(vocab, tokenizer, EOL)
+        self.eof_id = hub.token_id(vocab, tokenizer, EOF)
+        self.eoi_id = hub.token_id(vocab, tokenizer, IMAGE_END)
+        tc = cfg.text_config
+        gen = getattr(model, "generation_config", None)
+        self.bos_id = _first(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
+                             getattr(gen, "bos_token_id", None))
+        self.eos_id = _first(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
+                             getattr(gen, "eos_token_id", None))
+        self.pad_id = _first(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
+        if self.bos_id is None or self.eos_id is None:
+            raise SSDError(f"Emu3 model {folder or ''} lacks BOS / EOS token ids in its config")
+        self.spatial_factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
+        self.max_positions = int(getattr(tc, "max_position_embeddings", 9216))
+        if grid is not None:
+            self.default_grid = (int(grid[0]), int(grid[1]))
+        else:
+            side = UPSTREAM_SIDE
+            while side > 1 and self._length((side, side)) > self.max_positions - PROMPT_ALLOWANCE:
+                side -= 1
+            self.default_grid = (side, side)
+        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu", download=None, grid=None, **kwargs) -> "Emu3Model":
+        from transformers import Emu3ForConditionalGeneration
+
+        folder = hub.ensure_folder(folder, cls.family, download)
+        model = hub.load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, **kwargs)
+        return cls(model, hub.load_tokenizer(folder), Path(folder), grid)
+
+    # ---- the contract ----------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def backbone(self):
+        return self.model.model.text_model
+
+    def final_norm(self):
+        return self.model.model.text_model.norm
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        weight = self.model.lm_head.weight
+        rows = weight[self.image_ids.to(weight.device)]
+        out = normed @ rows.t()
+        bias = getattr(self.model.lm_head, "bias", None)
+        return out + bias[self.image_ids.to(weight.device)] if bias is not None else out
+
+    def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.image_ids.to(codes.device)[codes]
+
+    def _length(self, grid) -> int:
+        H, W = grid
+        return H * (W + 1) + 3
+
+    def check_grid(self, grid):
+        H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
+        limit = self.max_positions - PROMPT_ALLOWANCE
+        if H < 1 or W < 1 or self._length((H, W)) > limit:
+            raise SSDError(f"Emu3 cannot make a {H}x{W} token grid: it needs {self._length((H, W))} positions, "
+                           f"{limit} are free after the prompt; choose a smaller grid (e.g. "
+                           f"{self.default_grid[0]}x{self.default_grid[1]})")
+        return (H, W)
+
+    def grid_options(self):
+        """The default area at Emu3's processor's aspect ratios (its `calculate_generate_size`)."""
+        area = self.default_grid[0] * self.default_grid[1]
+        out = [tuple(self.default_grid)]
+        for rw, rh in RATIOS:
+            s = math.sqrt(area / (rw * rh))
+            g = (max(1, round(rh * s)), max(1, round(rw * s)))
+            if g not in out and self._length(g) <= self.max_positions - PROMPT_ALLOWANCE:
+                out.append(g)
+        return out
+
+    def layout(self, grid=None) -> Layout:
+        return Layout.build(self.check_grid(grid), self.eol_id, (self.eof_id, self.eoi_id, self.eos_id))
+
+    # ---- prompts ---------------------------------------------------------------------------------------------
+    def image_prefix(self, grid) -> str:
+        H, W = grid
+        return f"{IMAGE_START}{H}*{W}{IMAGE_WRAPPER}"
+
+    def text_ids(self, text: str, grid) -> list[int]:
+        if self.tokenizer is None:
+            raise SSDError(f"the Emu3 model folder {self.folder} has no tokenizer (tokenizer.json / "
+                           "tokenizer_config.json): copy them from the model's repo")
+        ids = list(self.tokenizer(text + self.image_prefix(grid), add_special_tokens=False)["input_ids"])
+        return [self.bos_id] + ids
+
+    def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
+        if not isinstance(prompt, str):
+            raise SSDError(f"an Emu3 prompt is text, got {type(prompt).__name__}")
+        grid = self.check_grid(grid)
+        rows = [self.text_ids(prompt, grid)]
+        if cfg:
+            neg = DEFAULT_NEGATIVE if negative_prompt is None else str(negative_prompt)
+            rows.append(self.text_ids(neg, grid))
+        ids, mask = hub.left_pad(rows, self.pad_id)
+        return Prompt(ids, mask)
+
+    # ---- pixels ----------------------------------------------------------------------------------------------
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        vq = self.model.model.vqmodel
+        dev = next(vq.parameters()).device
+        with torch.no_grad():
+            img = vq.decode(tokens[None].long().to(dev))[0]  # [3, H_px, W_px] in [-1, 1]
+        return ((img.float().clamp(-1, 1) + 1) / 2).permute(1, 2, 0).cpu()
+
+
+def _first(*cands):
+    for c in cands:
+        if isinstance(c, (list, tuple)):
+            c = c[0] if c else None
+        if c is not None:
+            return int(c)
+    return None

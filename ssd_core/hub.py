@@ -1,0 +1,188 @@
+"""Where the real models' files come from, and reading a transformers folder with the loading options.
+
+Nothing here touches the network unless the caller asks for a download (`download=True`); then the repo is
+fetched with huggingface_hub into the folder the caller names, never into a hidden cache. Offline, or a repo
+that cannot be fetched: an SSDError that names the repo id and the folder to put its files in.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import SSDError
+
+# family -> the transformers-format repos its adapter reads (the first is the default download)
+REPO_IDS: dict[str, list[str]] = {
+    "janus": ["deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"],
+    "emu3": ["BAAI/Emu3-Gen-hf"],
+    "lumina": ["Alpha-VLLM/Lumina-mGPT-7B-768", "Alpha-VLLM/Lumina-mGPT-7B-512", "Alpha-VLLM/Lumina-mGPT-7B-1024"],
+}
+# what transformers calls each family in config.json
+MODEL_TYPES: dict[str, tuple[str, ...]] = {"janus": ("janus",), "emu3": ("emu3",), "lumina": ("chameleon",)}
+EXTRA_FILES = {
+    "lumina": "vqgan.safetensors (Meta's Chameleon tokenizer/vqgan.ckpt converted with "
+              "`python -m ssd_core.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)",
+}
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """'bf16' / 'fp16' / 'fp32' / a torch.dtype / None or 'auto' (the checkpoint's own) -> torch.dtype | None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).lower()
+    if key == "auto":
+        return None
+    if key not in DTYPES:
+        raise SSDError(f"unknown dtype {dtype!r}: use bf16, fp16 or fp32")
+    return DTYPES[key]
+
+
+def family_of_folder(folder) -> str | None:
+    """The family whose transformers class a folder's config.json names (None: not one of ours)."""
+    model_type = read_config(folder).get("model_type")
+    for family, types in MODEL_TYPES.items():
+        if model_type in types:
+            return family
+    return None
+
+
+def read_config(folder) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SSDError(f"model folder {folder} does not exist")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise SSDError(f"{folder} has no config.json: it is not a transformers model folder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SSDError(f"{path} is not valid JSON ({err}); re-download the model") from None
+
+
+def where_to_get(family: str, folder) -> str:
+    repos = REPO_IDS.get(family, [])
+    text = f"download {' or '.join(repos)} from the Hugging Face Hub into {folder}" if repos else \
+        f"put the model's files into {folder}"
+    if family in EXTRA_FILES:
+        text += f", and add {EXTRA_FILES[family]}"
+    return text
+
+
+def check_folder(folder, family: str) -> dict:
+    """The folder exists, holds a transformers config, and that config is of `family`'s class."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SSDError(f"{family} model folder {folder} does not exist: {where_to_get(family, folder)} "
+                       "(or load with download=True to fetch it there)")
+    cfg = read_config(folder)
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_TYPES[family]:
+        other = next((f for f, t in MODEL_TYPES.items() if model_type in t), None)
+        hint = f"; it is a {other} model: load it as family {other!r}" if other else ""
+        raise SSDError(f"{folder} holds a {model_type!r} model, not a {family} model "
+                       f"(expected model_type {' or '.join(MODEL_TYPES[family])}){hint}")
+    return cfg
+
+
+def download(repo_id: str, folder, family: str | None = None, local_files_only: bool | None = None) -> Path:
+    """Fetch `repo_id` into `folder` with huggingface_hub (only call this when the user asked for a download)."""
+    folder = Path(folder)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise SSDError(f"downloading needs the huggingface_hub package (pip install huggingface_hub); or fetch "
+                       f"{repo_id} yourself into {folder}") from None
+    if local_files_only is None:
+        local_files_only = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    try:
+        snapshot_download(repo_id=repo_id, local_dir=str(folder), local_files_only=local_files_only)
+    except Exception as err:  # offline, unknown repo, gated repo, network: one clear message
+        extra = f", and add {EXTRA_FILES[family]}" if family in EXTRA_FILES else ""
+        raise SSDError(f"could not download {repo_id} into {folder} ({type(err).__name__}: "
+                       f"{str(err).splitlines()[0] if str(err) else 'no details'}); "
+                       f"without network access, copy the files of {repo_id} into {folder}{extra}") from None
+    if not (folder / "config.json").is_file():
+        raise SSDError(f"the download of {repo_id} into {folder} holds no config.json; copy the files of "
+                       f"{repo_id} into {folder}")
+    return folder
+
+
+def ensure_folder(folder, family: str, download_repo: str | bool | None = None) -> Path:
+    """The local folder of a `family` model; with `download_repo` (True = the family's default repo id, or a
+    repo id) a missing folder is fetched into `folder` first. Never touches the network otherwise."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() and download_repo:
+        repo = REPO_IDS[family][0] if download_repo is True else str(download_repo)
+        download(repo, folder, family)
+    check_folder(folder, family)
+    return folder
+
+
+def load_pretrained(cls, folder, dtype=None, device="cpu", device_map=None, low_cpu_mem_usage: bool = True,
+                    **kwargs):
+    """`cls.from_pretrained` with the loading options: dtype (bf16/fp16/fp32/auto), device, low-memory
+    loading, and `device_map` (through accelerate) for a model larger than one device."""
+    kw = dict(kwargs)
+    torch_dtype = parse_dtype(dtype)
+    if torch_dtype is not None:
+        kw["dtype"] = torch_dtype
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise SSDError("device_map needs the accelerate package (pip install accelerate)") from None
+        kw["device_map"] = device_map
+        low_cpu_mem_usage = True
+    kw["low_cpu_mem_usage"] = bool(low_cpu_mem_usage)
+    try:
+        model = cls.from_pretrained(str(folder), **kw)
+    except (OSError, ValueError) as err:
+        raise SSDError(f"could not load {cls.__name__} from {folder}: {err}") from None
+    if device_map is None and device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(folder):
+    """The model folder's own tokenizer, or None when it has none."""
+    folder = Path(folder)
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # noqa: BLE001
+        raise SSDError(f"could not read the tokenizer in {folder}: {err}") from None
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of different lengths -> (ids [B, P], mask [B, P]) left-padded with `pad_id`."""
+    P = max(len(r) for r in rows)
+    ids = torch.full((len(rows), P), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), P), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, P - len(r):] = True
+    return ids, mask
+
+
+def token_id(vocab: dict | None, tokenizer, name: str, fallback: int | None = None) -> int:
+    """A special token's id by name: the model's vocabulary map, then its tokenizer, then a known default."""
+    if vocab and name in vocab:
+        return int(vocab[name])
+    if tokenizer is not None:
+        tid = tokenizer.convert_tokens_to_ids(name)
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if isinstance(tid, int) and tid >= 0 and (tid != unk or unk is None):
+            return tid
+    if fallback is not None:
+        return int(fallback)
+    raise SSDError(f"the model's vocabulary has no {name!r} token")
