@@ -182,3 +182,74 @@ def _lumina_tokenizer(specials, images, lumina):
 
 
 BUILDERS = {"janus": build_janus, "emu3": build_emu3, "lumina": build_lumina}
+
+
+# ---- checks every family runs (the test_family_* files call these) ---------------------------------------------
+def reference_logits(model, prompt, row: int, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Image logits [L, V] predicting every slot of `seq_ids` for one stream, from ONE plain unbatched forward of
+    the transformers backbone over [real prompt tokens ; seq_ids[:-1]] (no cache, no custom mask, default
+    positions), through the final norm the backbone applies itself."""
+    real = prompt.ids[row][prompt.mask[row]]
+    full = torch.cat([real, seq_ids[:-1]])[None].to(model.device)
+    with torch.no_grad():
+        out = model.backbone()(inputs_embeds=model.embed(full), use_cache=False)
+        logits = model.head_logits(out.last_hidden_state).float()[0]
+    return logits[real.numel() - 1:]
+
+
+def stepwise_logits(model, prompt, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Per-stream image logits [B, L, V] from the engine's CFG-batched session, fed one slot a step."""
+    session = model.start(prompt)
+    out = [model.image_logits(session.last_features)]
+    for t in range(seq_ids.numel() - 1):
+        out.append(model.image_logits(session.forward(seq_ids[t:t + 1]))[:, 0])
+    return torch.stack(out, dim=1)
+
+
+def sequence_ids(model, layout, codes_of_cells: torch.Tensor) -> torch.Tensor:
+    ids = layout.forced.clone()
+    ids[layout.slot_of_cell] = model.code_to_id(codes_of_cells.flatten().long())
+    return ids
+
+
+def check_cfg_matches_unbatched(model, prompt_text: str, grid, negative=None, cfg: float = 3.0, seed: int = 0):
+    """The batched CFG log-probs equal those from two separate unbatched forwards at every step (1e-5, fp32)."""
+    import ssd_core
+    from ssd_core.sampling import SamplerSettings, guide, log_probs
+
+    res = ssd_core.generate(model, None, prompt=prompt_text, negative_prompt=negative, decoder="ar", seed=seed,
+                            cfg=cfg, grid=grid, decode_pixels=False, score=False)
+    layout = model.layout(grid)
+    prompt = model.build_prompt(prompt_text, negative, True, layout.grid)
+    assert prompt.ids.shape[0] == 2
+    ids = sequence_ids(model, layout, res.tokens)
+    batched = stepwise_logits(model, prompt, ids)  # [2, L, V]
+    ref = torch.stack([reference_logits(model, prompt, r, ids) for r in (0, 1)])  # [2, L, V]
+    settings = SamplerSettings(seed=seed, cfg=cfg, temperature=1.0)
+    lp_batched = log_probs(guide(batched, cfg), settings)
+    lp_ref = log_probs(ref[1] + cfg * (ref[0] - ref[1]), settings)  # u + s (c - u), computed here
+    image = layout.forced < 0
+    diff = (lp_batched - lp_ref)[image].abs().max().item()
+    assert diff < 1e-5, f"batched CFG log-probs differ from the unbatched reference by {diff}"
+    raw = (batched - ref)[:, image].abs().max().item()
+    assert raw < 1e-4, raw
+    return diff
+
+
+def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int, negative=None, seed: int = 3):
+    """Every decoder makes a full image of the right size; ssd-exact gives the very tokens of ar."""
+    import ssd_core
+
+    results = {}
+    for dec in ssd_core.DECODERS:
+        res = ssd_core.generate(model, heads, prompt=prompt_text, negative_prompt=negative, decoder=dec, seed=seed,
+                                grid=grid, draft_rows=2, verify_rounds=1, window=2, score=(dec in ("ar", "ssd")))
+        H, W = grid
+        assert tuple(res.tokens.shape) == (H, W), dec
+        assert int(res.tokens.min()) >= 0 and int(res.tokens.max()) < model.image_vocab_size, dec
+        assert res.image is not None and tuple(res.image.shape) == (H * pixel_factor, W * pixel_factor, 3), dec
+        assert float(res.image.min()) >= 0 and float(res.image.max()) <= 1, dec
+        assert res.trace.steps >= 1, dec
+        results[dec] = res
+    assert torch.equal(results["ssd-exact"].tokens, results["ar"].tokens)
+    return results
