@@ -1,0 +1,85 @@
+"""Emu3-Gen adapter on a tiny random-init Emu3ForConditionalGeneration (see tiny_families.py)."""
+import pytest
+import torch
+
+import ssd_core
+from ssd_core.families.emu3 import DEFAULT_NEGATIVE, Emu3Model
+from tiny_families import build_emu3, check_cfg_matches_unbatched, check_every_decoder, sequence_ids
+
+PROMPT = "a red cat"
+GRID = (3, 4)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_emu3(tmp_path_factory.mktemp("emu3") / "model")
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return ssd_core.load_model(folder, dtype="fp32")
+
+
+def test_loads_as_emu3(model):
+    assert isinstance(model, Emu3Model) and model.family == "emu3"
+    assert model.image_vocab_size == 16
+    vm = model.model.vocabulary_mapping
+    # image logits: lm_head rows of the visual tokens, in code order
+    x = torch.randn(2, model.hidden_size)
+    full = model.model.lm_head(x)
+    assert torch.equal(model.head_logits(x), full[:, [vm.img2bpe[c] for c in range(16)]])
+    codes = torch.tensor([0, 7, 15])
+    assert [vm.bpe2img[i] for i in model.code_to_id(codes).tolist()] == [0, 7, 15]
+
+
+def test_row_end_and_tail_tokens(model):
+    layout = model.layout(GRID)
+    H, W = GRID
+    vocab = model.model.config.vocabulary_map
+    assert layout.row_stride == W + 1 and layout.num_slots == (W + 1) * H + 3
+    forced = layout.forced.tolist()
+    for y in range(H):
+        assert forced[y * (W + 1) + W] == vocab["<|extra_200|>"]
+        assert all(v == -1 for v in forced[y * (W + 1):y * (W + 1) + W])
+    assert forced[-3:] == [vocab["<|extra_201|>"], vocab["<|image end|>"], model.tokenizer.eos_token_id]
+    # a whole generated sequence: transformers' own decode_image_tokens reads it (rows of W + eol, 3 tail tokens)
+    res = ssd_core.generate(model, None, prompt=PROMPT, negative_prompt="", decoder="ar", seed=1, grid=GRID,
+                            score=False)
+    seq = sequence_ids(model, layout, res.tokens)
+    assert seq[layout.slot_of_cell].tolist() == model.code_to_id(res.tokens.flatten()).tolist()
+    pix = model.model.decode_image_tokens(image_tokens=seq[None], height=H, width=W)[0]
+    torch.testing.assert_close(res.image, ((pix.clamp(-1, 1) + 1) / 2).permute(1, 2, 0))
+
+
+def test_prompt_and_negative_in_one_batch(model):
+    p = model.build_prompt(PROMPT, "blurry", True, GRID)
+    tok = model.tokenizer
+    assert p.ids.shape[0] == 2
+    cond = p.ids[0][p.mask[0]].tolist()
+    neg = p.ids[1][p.mask[1]].tolist()
+    assert tok.decode(cond) == f"<|extra_203|>{PROMPT}<|image start|>3*4<|image token|>"
+    assert tok.decode(neg) == "<|extra_203|>blurry<|image start|>3*4<|image token|>"
+    # left padding: the shorter row is padded at the front
+    assert bool(p.mask[0, -1]) and bool(p.mask[1, -1]) and not bool(p.mask[1, 0])
+    default = model.build_prompt(PROMPT, None, True, GRID)
+    assert tok.decode(default.ids[1][default.mask[1]].tolist()).startswith("<|extra_203|>" + DEFAULT_NEGATIVE)
+
+
+def test_resolution_selectable(model):
+    assert model.layout((2, 5)).grid == (2, 5)
+    assert model.build_prompt(PROMPT, "", True, (2, 5)).ids.shape[0] == 2
+    assert len(model.grid_options()) > 1
+    with pytest.raises(ssd_core.SSDError, match="positions"):
+        model.layout((100, 100))
+
+
+@pytest.mark.parametrize("negative", ["", "blurry, low quality"])
+def test_cfg_batched_equals_unbatched(model, negative):
+    check_cfg_matches_unbatched(model, PROMPT, GRID, negative=negative, cfg=3.0)
+
+
+def test_every_decoder_full_image(model, tmp_path):
+    heads = ssd_core.DraftHeads.for_model(model)
+    heads.save(tmp_path / "h.safetensors")
+    heads = ssd_core.load_heads(tmp_path / "h.safetensors", model)
+    check_every_decoder(model, heads, PROMPT, GRID, pixel_factor=2, negative="blurry")
