@@ -203,10 +203,10 @@ class Session:
         return box["x"]
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed slots [cached, cached + n) -> pre-norm features [B, n, d]. They enter the cache."""
-        n = slot_ids.numel()
+        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
+        n = slot_ids.shape[-1]
         dev = self.m.device
-        ids = slot_ids.to(dev).view(1, n).expand(self.batch, n)
+        ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
         pos = self.real_len[:, None] + self.cached + torch.arange(n, device=dev)[None]
         feats = self._run(ids, pos, self._mask(n, self.cached, visible))
         self.cached += n
@@ -224,3 +224,16 @@ class Session:
         if layers is not None:
             return [(layer.keys, layer.values) for layer in layers]
         return list(zip(self.cache.key_cache, self.cache.value_cache))
+
+
+def stack_prompts(prompts: list[Prompt]) -> Prompt:
+    """Several prompts as one batch: all conditional rows first, then all unconditional rows, left-padded."""
+    rows = [p.ids[i] for i in range(max(p.ids.shape[0] for p in prompts)) for p in prompts if i < p.ids.shape[0]]
+    masks = [p.mask[i] for i in range(max(p.ids.shape[0] for p in prompts)) for p in prompts if i < p.ids.shape[0]]
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, width - r.numel():] = r
+        mask[i, width - r.numel():] = m
+    return Prompt(ids, mask)
