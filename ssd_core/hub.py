@@ -27,6 +27,16 @@ EXTRA_FILES = {
               "`python -m ssd_core.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)",
 }
 
+# prompts the head trainer samples when it is given none (self-distillation wants thousands: pass a prompt file)
+TRAINING_PROMPTS = (
+    "a photo of a cat sitting on a windowsill", "a red sports car on a mountain road at sunset",
+    "a bowl of fresh fruit on a wooden table", "a lighthouse on a rocky coast in a storm",
+    "an astronaut riding a horse, digital art", "a cozy cabin in a snowy forest at night",
+    "a portrait of an old fisherman, oil painting", "a city skyline reflected in a river",
+    "a field of sunflowers under a blue sky", "a steaming cup of coffee next to a book",
+    "a watercolor painting of a hummingbird", "a futuristic robot in a neon-lit alley",
+)
+
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 

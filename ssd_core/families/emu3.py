@@ -36,6 +36,7 @@ class Emu3Model(GridModel):
     family = "emu3"
     text_prompts = True
     negative_prompts = True
+    training_prompts = list(hub.TRAINING_PROMPTS)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, grid=None):
         super().__init__(model)

@@ -27,6 +27,7 @@ class JanusModel(GridModel):
     family = "janus"
     text_prompts = True
     negative_prompts = False
+    training_prompts = list(hub.TRAINING_PROMPTS)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None):
         super().__init__(model)

@@ -57,6 +57,7 @@ class LuminaModel(GridModel):
     family = "lumina"
     text_prompts = True
     negative_prompts = False
+    training_prompts = list(hub.TRAINING_PROMPTS)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, vqgan=None,
                  grid=None):
