@@ -114,6 +114,7 @@ class SSDSampler:
     OUTPUT_TOOLTIPS = ("the decoded image", "how every token became final (for SSD Trace to Image)",
                        "steps, tokens per step, time, acceptance counts")
     FUNCTION = "sample"
+    OUTPUT_NODE = True  # runs (and draws its grid) even with nothing connected; resends its trace when cached
     DESCRIPTION = ("Generates an image token by token with an autoregressive model. decoder: ar = one "
                    "token per step (the reference); ssd = spatially speculative decoding (needs heads); "
                    "ssd-exact = the same image as ar for the same seed, in fewer steps; sjd, zipar = peers.")

@@ -1,0 +1,363 @@
+"""The pack inside a real ComfyUI server (runs when SSD_COMFYUI_DIR points at a ComfyUI checkout).
+
+    SSD_COMFYUI_DIR=/path/to/ComfyUI SSD_COMFYUI_PYTHON=/path/to/comfy-venv/bin/python pytest tests/test_comfyui.py
+
+The server runs from its checkout with --cpu on 127.0.0.1 and a throw-away --base-directory whose
+custom_nodes/ComfyUI-SSD links to this repository (nothing is written into the checkout).
+SSD_COMFYUI_PYTHON defaults to the interpreter running pytest; it needs ComfyUI's requirements,
+`requests` and `websocket-client`. SSD_COMFYUI_PACK (optional) loads another copy of the pack.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACK_NAME = "ComfyUI-SSD"
+COMFY_DIR = os.environ.get("SSD_COMFYUI_DIR", "")
+COMFY_PY = os.environ.get("SSD_COMFYUI_PYTHON", sys.executable)
+API_DIR = ROOT / "tests" / "workflows_api"
+
+
+def comfy_missing():
+    if not COMFY_DIR:
+        return "set SSD_COMFYUI_DIR to a ComfyUI checkout (and SSD_COMFYUI_PYTHON to its interpreter) to run"
+    if not (Path(COMFY_DIR) / "main.py").is_file():
+        return f"SSD_COMFYUI_DIR={COMFY_DIR} has no main.py"
+    try:
+        import requests  # noqa: F401
+        import websocket  # noqa: F401
+    except ImportError as e:
+        return f"the test needs requests and websocket-client in the pytest interpreter ({e})"
+    return None
+
+
+def bundled_missing():
+    ref = Path(os.environ.get("SSD_COMFYUI_PACK", ROOT)) / "ssd_core" / "reference" / "model"
+    if not (ref / "config.json").is_file() or not (ref / "heads.safetensors").is_file():
+        return f"the bundled reference model is absent ({ref})"
+    return None
+
+
+pytestmark = pytest.mark.skipif(comfy_missing() is not None, reason=str(comfy_missing()))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    """One ComfyUI process with this pack; HTTP and websocket helpers."""
+
+    def __init__(self, comfy_dir=COMFY_DIR, python=COMFY_PY, pack=None):
+        self.comfy_dir = Path(comfy_dir)
+        self.python = python
+        self.pack = Path(pack or os.environ.get("SSD_COMFYUI_PACK") or ROOT).resolve()
+        self.base = Path(tempfile.mkdtemp(prefix="ssd-comfy-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client_id = uuid.uuid4().hex
+        self.proc = None
+        self.log_path = self.base / "server.log"
+
+    # -- process ---------------------------------------------------------------------------
+    def start(self, timeout=240):
+        import requests
+
+        (self.base / "custom_nodes").mkdir(parents=True)
+        os.symlink(self.pack, self.base / "custom_nodes" / PACK_NAME)
+        heads = self.base / "models" / "ssd_heads"
+        heads.mkdir(parents=True)
+        (heads / "broken.safetensors").write_bytes(b"not a safetensors file, on purpose " * 20)
+        (self.base / "output").mkdir()
+        cmd = [self.python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+               "--base-directory", str(self.base), "--output-directory", str(self.base / "output"),
+               "--disable-auto-launch", "--database-url", "sqlite:///:memory:"]
+        self.log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/object_info/SSDSampler", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"ComfyUI did not serve the pack within {timeout}s:\n{self.log_tail()}")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def cleanup(self):
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def log_tail(self, n=60):
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def get(self, path, **kw):
+        import requests
+
+        r = requests.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)
+        r.raise_for_status()
+        return r
+
+    def post(self, path, data=None):
+        import requests
+
+        return requests.post(self.url + path, json=data, timeout=30)
+
+    def ws(self):
+        import websocket
+
+        sock = websocket.create_connection(f"ws://127.0.0.1:{self.port}/ws?clientId={self.client_id}", timeout=5)
+        return sock
+
+    def queue(self, prompt):
+        r = self.post("/prompt", {"prompt": prompt, "client_id": self.client_id})
+        body = r.json()
+        if r.status_code != 200:
+            raise AssertionError(f"/prompt refused the prompt: {json.dumps(body)[:2000]}")
+        return body["prompt_id"]
+
+    def run(self, prompt, timeout=600, on_message=None):
+        """Queue a prompt and collect its websocket messages until it succeeds, fails or stops."""
+        sock = self.ws()
+        try:
+            pid = self.queue(prompt)
+            msgs = []
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                try:
+                    raw = sock.recv()
+                except Exception as e:  # websocket timeout: poll again
+                    if type(e).__name__ == "WebSocketTimeoutException":
+                        continue
+                    raise
+                if isinstance(raw, bytes):
+                    msgs.append({"type": "binary", "data": raw[:8]})
+                    continue
+                msg = json.loads(raw)
+                data = msg.get("data") or {}
+                if data.get("prompt_id") not in (None, pid):
+                    continue
+                msgs.append(msg)
+                if on_message:
+                    on_message(msg)
+                t = msg["type"]
+                if t in ("execution_error", "execution_interrupted", "execution_success"):
+                    return pid, msgs
+                if t == "executing" and data.get("node") is None and data.get("prompt_id") == pid:
+                    return pid, msgs
+            raise AssertionError(f"prompt {pid} did not finish within {timeout}s:\n{self.log_tail()}")
+        finally:
+            sock.close()
+
+    def history(self, pid):
+        for _ in range(50):
+            h = self.get(f"/history/{pid}").json()
+            if pid in h:
+                return h[pid]
+            time.sleep(0.1)
+        raise AssertionError(f"/history has no entry for {pid}")
+
+
+def api_workflow(name="ssd_reference_ar_vs_ssd"):
+    return json.loads((API_DIR / f"{name}.json").read_text())
+
+
+def types_of(msgs):
+    return [m["type"] for m in msgs]
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ComfyServer()
+    srv.start()
+    yield srv
+    srv.stop()
+    srv.cleanup()
+
+
+# ---- tests --------------------------------------------------------------------------------------------------
+def test_object_info_lists_the_nodes(server):
+    info = server.get("/object_info").json()
+    for name, display in (("SSDLoadModel", "Load AR Image Model (SSD)"), ("SSDLoadHeads", "Load SSD Heads"),
+                          ("SSDSampler", "SSD Sampler"), ("SSDTraceToImage", "SSD Trace to Image")):
+        assert name in info, f"{name} missing from /object_info:\n{server.log_tail()}"
+        assert info[name]["display_name"] == display
+        assert info[name]["category"] == "sampling/SSD"
+        assert info[name]["python_module"].endswith(PACK_NAME)
+    model = info["SSDLoadModel"]["input"]["required"]
+    assert model["model"][0][0] == "reference"
+    assert model["dtype"][0] == ["auto", "float32", "bfloat16", "float16"]
+    assert model["device"][0] == ["auto", "cpu", "cuda"]
+    heads = info["SSDLoadHeads"]["input"]["required"]
+    assert heads["heads"][0] == ["reference", "none", "broken.safetensors"]  # models/ssd_heads is registered
+    assert heads["ssd_model"] == ["SSD_MODEL"]
+    s = info["SSDSampler"]
+    req = s["input"]["required"]
+    assert list(req) == ["ssd_model", "prompt", "negative_prompt", "seed", "cfg", "temperature", "top_k", "top_p",
+                         "decoder", "draft_rows", "verify_rounds", "grid"]
+    assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
+    assert req["seed"][1]["control_after_generate"] is True
+    assert req["prompt"][0] == "STRING" and req["prompt"][1]["multiline"] is True
+    assert s["output"] == ["IMAGE", "SSD_TRACE", "STRING"]
+    assert s["output_name"] == ["image", "trace", "stats"]
+    t = info["SSDTraceToImage"]
+    assert t["input"]["required"]["trace"] == ["SSD_TRACE"] and t["output"] == ["IMAGE"]
+
+
+def test_widget_and_templates_are_served(server):
+    exts = server.get("/extensions").json()
+    assert f"/extensions/{PACK_NAME}/ssd_grid.js" in exts
+    assert f"/extensions/{PACK_NAME}/ssd_grid_core.js" in exts
+    assert "registerExtension" in server.get(f"/extensions/{PACK_NAME}/ssd_grid.js").text
+    templates = server.get("/workflow_templates").json()
+    assert "ssd_reference_ar_vs_ssd" in templates[PACK_NAME]
+    wf = server.get(f"/api/workflow_templates/{PACK_NAME}/ssd_reference_ar_vs_ssd.json").json()
+    assert {n["type"] for n in wf["nodes"]} >= {"SSDLoadModel", "SSDSampler"}
+    thumb = server.get(f"/api/workflow_templates/{PACK_NAME}/ssd_reference_ar_vs_ssd.jpg").content
+    assert thumb[:3] == b"\xff\xd8\xff"
+
+
+def test_every_api_workflow_validates(server):
+    """The family workflows only miss the user's downloads; everything else validates."""
+    info = server.get("/object_info").json()
+    for path in sorted(API_DIR.glob("*.json")):
+        wf = json.loads(path.read_text())
+        for nid, node in wf.items():
+            assert node["class_type"] in info, f"{path.name}: node {nid} {node['class_type']} unknown to ComfyUI"
+
+
+@pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+def test_reference_workflow_runs(server):
+    wf = api_workflow()
+    pid, msgs = server.run(wf)
+    kinds = types_of(msgs)
+    assert "execution_error" not in kinds, json.dumps([m for m in msgs if m["type"] == "execution_error"])[:3000]
+    assert "execution_success" in kinds
+    grid_events = [m["data"] for m in msgs if m["type"] == "ssd.grid"]
+    assert {e["node"] for e in grid_events} == {"3", "4"}, "live ssd.grid events from both samplers"
+    assert any(e["done"] is False for e in grid_events) and any(e["done"] is True for e in grid_events)
+    progress = [m["data"] for m in msgs if m["type"] == "progress" and m["data"].get("node") in ("3", "4")]
+    assert progress and progress[-1]["value"] == progress[-1]["max"]
+    assert any(m["type"] == "binary" for m in msgs), "no preview image was sent"
+
+    h = server.history(pid)
+    assert h["status"]["status_str"] == "success"
+    out = h["outputs"]
+    for nid in ("3", "4"):
+        tr = out[nid]["ssd_trace"][0]
+        H, W = tr["grid"]
+        assert len(tr["status"]) == H * W and tr["done"] is True and tr["steps"] > 0
+    assert out["3"]["ssd_trace"][0]["decoder"] == "ar" and out["4"]["ssd_trace"][0]["decoder"] == "ssd"
+    assert out["4"]["ssd_trace"][0]["steps"] < out["3"]["ssd_trace"][0]["steps"]
+    assert "2" in out["4"]["ssd_trace"][0]["status"], "no accepted draft in the ssd run"
+    for nid in ("5", "6", "8"):
+        img = out[nid]["images"][0]
+        data = server.get("/view", params={"filename": img["filename"], "subfolder": img["subfolder"],
+                                           "type": img["type"]}).content
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = sorted(p.name for p in (server.base / "output" / "ssd_reference").glob("*.png"))
+    assert any(n.startswith("ar_") for n in saved) and any(n.startswith("ssd_") for n in saved)
+    assert "tokens per step" in out["10"]["text"][0]
+
+    # the same prompt again: cached, and the widget still gets its trace
+    pid2, msgs2 = server.run(wf)
+    executed = {m["data"]["node"]: m["data"]["output"] for m in msgs2 if m["type"] == "executed"}
+    assert "ssd_trace" in (executed.get("4") or {}), "a cached sampler must resend its trace"
+
+
+@pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+def test_interrupt_stops_a_run_and_the_next_runs(server):
+    wf = api_workflow()
+    for nid in ("3", "4"):
+        wf[nid]["inputs"]["seed"] = 1000 + int(time.time()) % 100000  # not cached
+    wf["3"]["inputs"]["grid"] = "auto"
+    sent = []
+
+    def on_message(msg):
+        if msg["type"] == "ssd.grid" and not sent:
+            sent.append(server.post("/interrupt").status_code)
+
+    pid, msgs = server.run(wf, on_message=on_message)
+    assert sent == [200]
+    kinds = types_of(msgs)
+    assert "execution_interrupted" in kinds, kinds[-10:]
+    assert "execution_success" not in kinds
+    h = server.history(pid)
+    assert h["status"]["status_str"] == "error"
+    pid, msgs = server.run(wf)
+    assert "execution_success" in types_of(msgs)
+
+
+def test_bad_heads_file_gives_an_error_and_the_server_goes_on(server):
+    wf = api_workflow()
+    wf["2"]["inputs"]["heads"] = "broken.safetensors"
+    pid, msgs = server.run(wf)
+    errors = [m["data"] for m in msgs if m["type"] == "execution_error"]
+    assert errors, types_of(msgs)
+    err = errors[0]
+    assert err["node_type"] == "SSDLoadHeads" and err["node_id"] == "2"
+    assert err["exception_message"].strip(), "the error dialog needs a message"
+    assert server.get("/system_stats").status_code == 200
+    if bundled_missing() is None:
+        pid, msgs = server.run(api_workflow())
+        assert "execution_success" in types_of(msgs)
+
+
+@pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+def test_bad_prompt_message_reaches_the_error_dialog(server):
+    wf = api_workflow()
+    wf["3"]["inputs"]["prompt"] = "a class that does not exist"
+    pid, msgs = server.run(wf)
+    errors = [m["data"] for m in msgs if m["type"] == "execution_error"]
+    assert errors and errors[0]["node_type"] == "SSDSampler"
+    assert "is not a class of this model" in errors[0]["exception_message"]
+    assert "cat" in errors[0]["exception_message"]
+
+
+def test_missing_model_folder_is_refused_before_running(server):
+    wf = api_workflow("ssd_janus_pro_ar_vs_ssd")
+    r = server.post("/prompt", {"prompt": wf, "client_id": server.client_id})
+    assert r.status_code == 400
+    body = r.json()
+    text = json.dumps(body)
+    assert "Janus-Pro-7B" in text and "value_not_in_list" in text
+
+
+@pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+def test_free_models_then_run_again(server):
+    assert server.post("/free", {"unload_models": True, "free_memory": True}).status_code == 200
+    time.sleep(1.0)
+    wf = api_workflow()
+    wf["4"]["inputs"]["seed"] = 4242
+    pid, msgs = server.run(wf)
+    assert "execution_success" in types_of(msgs)
