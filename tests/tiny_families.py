@@ -243,7 +243,7 @@ def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int,
     results = {}
     for dec in ssd_core.DECODERS:
         res = ssd_core.generate(model, heads, prompt=prompt_text, negative_prompt=negative, decoder=dec, seed=seed,
-                                grid=grid, draft_rows=2, verify_rounds=1, window=2, score=(dec in ("ar", "ssd")))
+                                grid=grid, draft_rows=2, verify_rounds=1, window=2, score=(dec == "ar"))
         H, W = grid
         assert tuple(res.tokens.shape) == (H, W), dec
         assert int(res.tokens.min()) >= 0 and int(res.tokens.max()) < model.image_vocab_size, dec
