@@ -52,3 +52,24 @@ def test_heads_of_another_family_are_refused(models, family, tmp_path):
         heads = ssd_core.load_heads(path, models[family])
         with pytest.raises(ssd_core.SSDError, match="family"):
             ssd_core.generate(models[other], heads, prompt="a", negative_prompt="", decoder="ssd", decode_pixels=False)
+
+
+@pytest.mark.parametrize("family", sorted(GRIDS))
+def test_bench_plumbing(family, tmp_path, capsys):
+    """`bench` runs every decoder on each tiny family (from the command line, as a user would)."""
+    import json
+
+    from ssd_core.cli import main
+
+    folder = BUILDERS[family](tmp_path / family)
+    heads = tmp_path / "heads.safetensors"
+    ssd_core.DraftHeads.for_model(ssd_core.load_model(folder, dtype="fp32")).save(heads)
+    H, W = GRIDS[family]
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", str(folder), "--dtype", "fp32", "--heads", str(heads), "--grid", f"{H}x{W}",
+               "--images", "1", "--json", str(out), "--draft-rows", "2", "--verify-rounds", "1"])
+    assert rc == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    rows = {r["decoder"]: r for r in report["rows"]}
+    assert set(rows) >= set(ssd_core.DECODERS) and rows["ssd-exact"]["identical_to_ar"] is True
+    assert report["grid"] == [H, W]

@@ -106,7 +106,7 @@ class Emu3Model(GridModel):
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         weight = self.model.lm_head.weight
         rows = weight[self.image_ids.to(weight.device)]
-        out = normed @ rows.t()
+        out = normed.to(weight.device) @ rows.t()  # lm_head may sit on another device under a device_map
         bias = getattr(self.model.lm_head, "bias", None)
         return out + bias[self.image_ids.to(weight.device)] if bias is not None else out
 

@@ -93,7 +93,7 @@ class JanusModel(GridModel):
         if not bool(is_image.any()):
             return text
         image = self.model.prepare_embeddings_for_image_generation((ids - self.text_vocab).clamp(min=0))
-        return torch.where(is_image[..., None], image.to(text.dtype), text)
+        return torch.where(is_image.to(text.device)[..., None], image.to(text.device, text.dtype), text)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         return self.model.model.generation_head(normed)

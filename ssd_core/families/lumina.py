@@ -127,7 +127,8 @@ class LuminaModel(GridModel):
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         weight = self.model.lm_head.weight
-        return normed @ weight[self.image_ids.to(weight.device)].t()
+        # lm_head may sit on another device under a device_map
+        return normed.to(weight.device) @ weight[self.image_ids.to(weight.device)].t()
 
     def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
         return self.image_ids.to(codes.device)[codes]
