@@ -7,7 +7,7 @@ import { draw, cellAt, mergeTrace, normalizeTrace, hoverText } from "./ssd_grid_
 const NODE_TYPE = "SSDSampler";
 const WIDGET = "ssd_grid";
 const PROP = "ssd_trace";
-const MIN_HEIGHT = 260;
+const MIN_HEIGHT = 300;
 
 function widgetOf(node) {
   return node?.widgets?.find((w) => w.name === WIDGET) ?? null;
@@ -24,6 +24,16 @@ function findNode(id) {
     node = inner?.getNodeById?.(Number(s.split(":").pop())) ?? null;
   }
   return node && node.type === NODE_TYPE ? node : null;
+}
+
+// Tell the frontend the graph changed (the trace now sits in node.properties), so that the open
+// workflow is persisted with it and a page reload shows the grid again.
+function saveWorkflowState() {
+  try {
+    app.extensionManager?.workflow?.activeWorkflow?.changeTracker?.checkState?.();
+  } catch (e) {
+    console.debug("ssd grid: could not record the trace in the workflow", e);
+  }
 }
 
 function addGridWidget(node) {
@@ -92,7 +102,10 @@ function addGridWidget(node) {
       const next = mergeTrace(state.trace, trace);
       if (next === state.trace) return;
       state.trace = next;
-      if (persist && next?.done) node.properties[PROP] = next;
+      if (persist && next?.done) {
+        node.properties[PROP] = next;
+        saveWorkflowState();
+      }
       schedule();
     },
   };
@@ -110,7 +123,7 @@ app.registerExtension({
       const r = onNodeCreated?.apply(this, arguments);
       addGridWidget(this);
       const [w, h] = this.size;
-      this.setSize([Math.max(w, 360), Math.max(h, 620)]);
+      this.setSize([Math.max(w, 380), Math.max(h, 700)]);
       return r;
     };
     const onConfigure = nodeType.prototype.onConfigure;

@@ -1,0 +1,196 @@
+// Drives a real ComfyUI page in Chromium (playwright-core, no bundled browser): loads the bundled
+// example workflow, queues it, waits for both samplers, checks the widget, takes screenshots, reloads.
+// Run by tests/test_browser.py; by hand:
+//   SSD_URL=http://127.0.0.1:8188 SSD_OUT=/tmp/out node tests/js/browser_widget.mjs
+// Not a *.test.mjs file: `node --test tests/js/` leaves it alone.
+import { chromium } from "playwright-core";
+import { mkdtempSync, writeFileSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const URL = process.env.SSD_URL ?? "http://127.0.0.1:8188";
+const PACK = process.env.SSD_PACK_NAME ?? "ComfyUI-SSD";
+const WORKFLOW = process.env.SSD_WORKFLOW ?? "ssd_reference_ar_vs_ssd";
+const OUT = process.env.SSD_OUT ?? "out";
+const TIMEOUT = Number(process.env.SSD_RUN_TIMEOUT_S ?? 600) * 1000;
+const CHROMIUM = process.env.SSD_CHROMIUM ?? "/usr/bin/chromium";
+const SAMPLERS = ["3", "4"]; // ar, ssd in the example workflow
+
+mkdirSync(OUT, { recursive: true });
+const result = { consoleErrors: [], pageErrors: [], failedRequests: [], steps: [] };
+const step = (s) => { result.steps.push(s); console.log("step:", s); };
+
+const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "ssd-chromium-")), {
+  executablePath: CHROMIUM,
+  headless: true,
+  viewport: { width: 1500, height: 950 },
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const page = context.pages()[0] ?? (await context.newPage());
+page.on("console", (m) => {
+  if (m.type() === "error") result.consoleErrors.push({ text: m.text(), url: m.location()?.url ?? "" });
+});
+page.on("pageerror", (e) => result.pageErrors.push(String(e?.stack ?? e)));
+page.on("requestfailed", (r) => result.failedRequests.push(`${r.url()} ${r.failure()?.errorText}`));
+
+// A returning user's settings: no first-run dialog; navigation mode "custom" because the frontend
+// 1.27 default ("legacy") throws a TypeError from its own settings store on every load (core bug).
+async function seedSettings() {
+  const r = await fetch(`${URL}/api/settings`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ "Comfy.TutorialCompleted": true, "Comfy.Canvas.NavigationMode": "custom" }),
+  });
+  result.seededSettings = r.status;
+}
+
+async function openApp() {
+  await page.goto(URL, { waitUntil: "load" });
+  await page.waitForFunction(() => window.app?.graph && window.LiteGraph?.registered_node_types?.SSDSampler,
+    null, { timeout: 120000 });
+}
+
+// state of the grid widget of every sampler node, in the page
+async function widgetStates() {
+  return page.evaluate(async ({ ids, pack }) => {
+    const core = await import(`/extensions/${pack}/ssd_grid_core.js`);
+    const hex = (h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
+    const out = {};
+    for (const id of ids) {
+      const node = window.app.graph.getNodeById(Number(id));
+      const w = node?.widgets?.find((x) => x.name === "ssd_grid");
+      if (!w) { out[id] = { widget: false }; continue; }
+      const t = w.ssd.state.trace;
+      const canvas = w.element.querySelector("canvas");
+      const counts = {};
+      if (canvas.width > 0 && canvas.height > 0) {
+        const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+        for (const [name, color] of Object.entries(core.PALETTE)) {
+          const [r, g, b] = hex(color);
+          let n = 0;
+          for (let i = 0; i < data.length; i += 4) {
+            if (Math.abs(data[i] - r) < 3 && Math.abs(data[i + 1] - g) < 3 && Math.abs(data[i + 2] - b) < 3) n++;
+          }
+          counts[name] = n;
+        }
+      }
+      const rect = canvas.getBoundingClientRect();
+      out[id] = {
+        widget: true,
+        done: t?.done ?? false,
+        decoder: t?.decoder ?? null,
+        grid: t?.grid ?? null,
+        steps: t?.steps ?? null,
+        legend: t ? core.legendLines(t) : null,
+        pixels: counts,
+        rect: { x: rect.x, y: rect.y, width: rect.width, height: rect.height },
+        scale: canvas.clientWidth > 0 ? rect.width / canvas.clientWidth : 1,
+        layout: w.ssd.state.layout ?? null,
+        saved: Boolean(node.properties?.ssd_trace?.done),
+        serialized: JSON.stringify(node.serialize().widgets_values),
+      };
+    }
+    return out;
+  }, { ids: SAMPLERS, pack: PACK });
+}
+
+try {
+  step("open");
+  await seedSettings();
+  await openApp();
+
+  step("load workflow");
+  // as an artist does: Workflow > Browse Templates > ComfyUI-SSD > the bundled example
+  try {
+    await page.evaluate(() => window.app.extensionManager.command.execute("Comfy.BrowseTemplates"));
+    const dialog = page.locator(".p-dialog").filter({ hasText: PACK }).first();
+    await dialog.waitFor({ timeout: 30000 });
+    await dialog.getByText(PACK, { exact: true }).first().click();
+    const card = dialog.getByText(WORKFLOW, { exact: true }).first();
+    await card.waitFor({ timeout: 30000 });
+    await page.waitForTimeout(1500); // thumbnails
+    await page.screenshot({ path: join(OUT, "template_browser.png") });
+    await card.click();
+    await page.waitForFunction(() => window.app.graph.getNodeById(4)?.type === "SSDSampler", null, { timeout: 30000 });
+    result.loadedBy = "template browser";
+  } catch (e) {
+    result.templateBrowserError = String(e).slice(0, 500);
+    await page.keyboard.press("Escape").catch(() => {});
+    await page.evaluate(async ({ pack, name }) => {
+      const r = await fetch(`/api/workflow_templates/${pack}/${name}.json`);
+      await window.app.loadGraphData(await r.json());
+    }, { pack: PACK, name: WORKFLOW });
+    result.loadedBy = "app.loadGraphData";
+  }
+  await page.waitForTimeout(500);
+  result.nodesLoaded = await page.evaluate(() => window.app.graph._nodes.length);
+
+  // count live events as the page sees them
+  await page.evaluate(async () => {
+    const { api } = await import("/scripts/api.js");
+    window.__ssdLive = { events: 0, running: 0 };
+    api.addEventListener("ssd.grid", (e) => {
+      window.__ssdLive.events++;
+      if (e.detail?.done === false) window.__ssdLive.running++;
+    });
+  });
+  result.before = await widgetStates();
+
+  step("queue");
+  const runButton = page.locator('button:has-text("Run")').first();
+  if (await runButton.isVisible().catch(() => false)) {
+    await runButton.click();
+    result.queuedBy = "Run button";
+  } else {
+    await page.evaluate(() => window.app.queuePrompt(0, 1));
+    result.queuedBy = "app.queuePrompt";
+  }
+
+  step("wait");
+  await page.waitForFunction((ids) => ids.every((id) => {
+    const n = window.app.graph.getNodeById(Number(id));
+    return n?.widgets?.find((x) => x.name === "ssd_grid")?.ssd?.state?.trace?.done;
+  }), SAMPLERS, { timeout: TIMEOUT, polling: 250 });
+  await page.waitForTimeout(600); // let requestAnimationFrame draw
+  result.live = await page.evaluate(() => window.__ssdLive);
+  result.after = await widgetStates();
+
+  step("hover");
+  const ssd = result.after["4"];
+  if (ssd.layout && ssd.layout.cell > 0) {
+    const k = ssd.scale || 1; // the frontend scales DOM widgets with the canvas zoom
+    const x = ssd.rect.x + (ssd.layout.x + ssd.layout.cell * 1.5) * k;
+    const y = ssd.rect.y + (ssd.layout.y + ssd.layout.cell * 1.5) * k;
+    await page.mouse.move(x, y);
+    await page.waitForTimeout(300);
+    result.hoverTitle = await page.evaluate(() => {
+      const n = window.app.graph.getNodeById(4);
+      return n.widgets.find((x) => x.name === "ssd_grid").element.querySelector("canvas").title;
+    });
+  }
+
+  step("screenshot");
+  await page.screenshot({ path: join(OUT, "widget.png") });
+  const r = result.after["4"].rect;
+  const pad = 12;
+  await page.screenshot({
+    path: join(OUT, "widget_grid.png"),
+    clip: { x: Math.max(0, r.x - pad), y: Math.max(0, r.y - pad), width: r.width + 2 * pad, height: r.height + 2 * pad },
+  });
+
+  step("reload");
+  await page.reload({ waitUntil: "load" });
+  await page.waitForFunction(() => window.app?.graph && window.app.graph.getNodeById(4)?.widgets?.find((x) => x.name === "ssd_grid"),
+    null, { timeout: 120000 });
+  await page.waitForTimeout(1000);
+  result.reloaded = await widgetStates();
+  await page.screenshot({ path: join(OUT, "widget_reloaded.png") });
+  step("done");
+} catch (e) {
+  result.error = String(e?.stack ?? e);
+  await page.screenshot({ path: join(OUT, "failure.png") }).catch(() => {});
+} finally {
+  writeFileSync(join(OUT, "result.json"), JSON.stringify(result, null, 2));
+  await context.close();
+}
