@@ -189,11 +189,16 @@ class LuminaModel(GridModel):
             raise SSDError(f"the Lumina-mGPT model folder {self.folder} has no tokenizer (tokenizer.json / "
                            "tokenizer_config.json): copy them from the model's repo")
         grid = self.check_grid(grid)
-        text = list(self.tokenizer(self.prompt_text(prompt, grid), add_special_tokens=True)["input_ids"])
-        if self.bos_id is not None and (not text or text[0] != self.bos_id):
-            text = [self.bos_id] + text
+        # as Lumina-mGPT's item processor: [BOS] + encode(conversation, add_special_tokens=False), the turn ending
+        # in its separator token
+        text = self.prompt_text(prompt, grid)
+        ids = list(self.tokenizer(text + TURN_END, add_special_tokens=False)["input_ids"])
+        if not ids or ids[-1] != self.turn_end_id:
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.turn_end_id]
+        bos = self.bos_id if self.bos_id is not None else _first(getattr(self.tokenizer, "eos_token_id", None))
+        text_ids = ([bos] if bos is not None else []) + ids
         prefix = self.image_prefix_ids(grid)
-        rows = [text + [self.turn_end_id] + prefix]
+        rows = [text_ids + prefix]
         if cfg:
             rows.append(prefix)
         ids, mask = hub.left_pad(rows, self.pad_id)
