@@ -66,3 +66,20 @@ def test_every_decoder_full_image(model, tmp_path):
     # pixels come from the model's own VQ decoder
     ref = model.model.decode_image_tokens(results["ar"].tokens.reshape(1, -1))[0]
     torch.testing.assert_close(results["ar"].image, ((ref.clamp(-1, 1) + 1) / 2))
+
+
+def test_same_tokens_as_transformers_janus_image_generation(folder):
+    """Greedy CFG decoding through the adapter gives the tokens of transformers' own Janus image generation
+    (its doubled batch with the padded unconditional prompt, generation head, generation embeddings)."""
+    m = ssd_core.load_model(folder, dtype="fp32")
+    with torch.no_grad():  # sharper than the random init, so the tokens vary
+        m.model.model.generation_embeddings.weight.mul_(20)
+        m.model.model.generation_head.vision_head.weight.mul_(20)
+    for prompt in ("a red cat", "two dogs"):
+        ids = m.build_prompt(prompt, "", True, (4, 4)).ids[:1]
+        theirs = m.model.generate(ids, attention_mask=torch.ones_like(ids), generation_mode="image",
+                                  do_sample=False, guidance_scale=5.0)
+        ours = ssd_core.generate(m, None, prompt=prompt, negative_prompt="", decoder="ar", cfg=5.0, temperature=0,
+                                 score=False, decode_pixels=False)
+        assert ours.tokens.flatten().tolist() == theirs[0].tolist()
+        assert len(set(theirs[0].tolist())) > 2
