@@ -83,3 +83,31 @@ def test_every_decoder_full_image(model, tmp_path):
     heads.save(tmp_path / "h.safetensors")
     heads = ssd_core.load_heads(tmp_path / "h.safetensors", model)
     check_every_decoder(model, heads, PROMPT, GRID, pixel_factor=2, negative="blurry")
+
+
+def test_same_sequence_as_transformers_unbatched_guidance(folder):
+    """Greedy decoding with our one-batch CFG writes the very sequence (visual tokens, row ends, tail) that
+    transformers' generate writes with its unbatched guidance processor and the negative prompt as
+    negative_prompt_ids, the layout forced through prefix_allowed_tokens_fn."""
+    from tiny_families import sequence_ids
+
+    m = ssd_core.load_model(folder, dtype="fp32")
+    with torch.no_grad():  # sharper than the random init, so the tokens vary
+        m.model.lm_head.weight.mul_(20)
+    layout = m.layout(GRID)
+    p = m.build_prompt(PROMPT, "blurry", True, GRID)
+    cond, neg = p.ids[0][p.mask[0]][None], p.ids[1][p.mask[1]][None]
+    P, image_ids = cond.shape[1], m.image_ids.tolist()
+
+    def allowed(_batch, input_ids):
+        s = input_ids.shape[0] - P
+        if s >= layout.num_slots:
+            return [m.eos_id]
+        return [int(layout.forced[s])] if layout.forced[s] >= 0 else image_ids
+
+    theirs = m.model.generate(cond, attention_mask=torch.ones_like(cond), max_new_tokens=layout.num_slots,
+                              do_sample=False, guidance_scale=3.0, negative_prompt_ids=neg,
+                              negative_prompt_attention_mask=torch.ones_like(neg), prefix_allowed_tokens_fn=allowed)
+    ours = ssd_core.generate(m, None, prompt=PROMPT, negative_prompt="blurry", decoder="ar", cfg=3.0, temperature=0,
+                             grid=GRID, score=False, decode_pixels=False)
+    assert sequence_ids(m, layout, ours.tokens).tolist() == theirs[0, P:].tolist()
