@@ -196,3 +196,25 @@ def token_id(vocab: dict | None, tokenizer, name: str, fallback: int | None = No
     if fallback is not None:
         return int(fallback)
     raise SSDError(f"the model's vocabulary has no {name!r} token")
+
+
+def pixel_normalization(folder) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) [3] that map a VQ decoder's output back to [0, 1]: the folder's preprocessor_config.json
+    (image_mean / image_std, as the model's image processor un-normalizes), else 0.5 / 0.5 (output in [-1, 1])."""
+    mean, std = [0.5] * 3, [0.5] * 3
+    path = Path(folder) / "preprocessor_config.json" if folder is not None else None
+    if path is not None and path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise SSDError(f"{path} is not valid JSON ({err})") from None
+        m, s = cfg.get("image_mean", mean), cfg.get("image_std", std)
+        mean = [float(m)] * 3 if isinstance(m, (int, float)) else [float(v) for v in m]
+        std = [float(s)] * 3 if isinstance(s, (int, float)) else [float(v) for v in s]
+    return torch.tensor(mean), torch.tensor(std)
+
+
+def to_unit_image(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """[..., 3] channels-last VQ output -> [0, 1] pixels with the model's un-normalization."""
+    mean, std = norm
+    return (x.float().cpu() * std + mean).clamp(0, 1)

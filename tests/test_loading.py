@@ -152,3 +152,20 @@ def test_download_into_folder(tmp_path, folders, monkeypatch):
 def test_bad_dtype():
     with pytest.raises(ssd_core.SSDError, match="bf16"):
         hub.parse_dtype("int8")
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+def test_pixels_follow_the_image_processor_normalization(folders, family, tmp_path):
+    import shutil
+
+    folder = tmp_path / family
+    shutil.copytree(folders[family], folder)
+    plain = ssd_core.load_model(folder, dtype="fp32")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.2, 0.3, 0.4], "image_std": 0.25}))
+    normed = ssd_core.load_model(folder, dtype="fp32")
+    codes = torch.randint(0, 16, (4, 4) if family == "janus" else (2, 3))
+    a, b = plain.decode(codes), normed.decode(codes)
+    raw = a * 2 - 1  # plain: 0.5 / 0.5
+    expected = (raw * 0.25 + torch.tensor([0.2, 0.3, 0.4])).clamp(0, 1)
+    mid = (raw > -0.99) & (raw < 0.99)  # away from plain's clamp
+    torch.testing.assert_close(b[mid], expected[mid], atol=1e-5, rtol=1e-5)

@@ -74,6 +74,7 @@ class Emu3Model(GridModel):
             while side > 1 and self._length((side, side)) > self.max_positions - PROMPT_ALLOWANCE:
                 side -= 1
             self.default_grid = (side, side)
+        self.pixel_norm = hub.pixel_normalization(folder)
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
 
     # ---- loading ---------------------------------------------------------------------------------------------
@@ -168,8 +169,8 @@ class Emu3Model(GridModel):
         vq = self.model.model.vqmodel
         dev = next(vq.parameters()).device
         with torch.no_grad():
-            img = vq.decode(tokens[None].long().to(dev))[0]  # [3, H_px, W_px] in [-1, 1]
-        return ((img.float().clamp(-1, 1) + 1) / 2).permute(1, 2, 0).cpu()
+            img = vq.decode(tokens[None].long().to(dev))[0]  # [3, H_px, W_px], normalized as the processor's input
+        return hub.to_unit_image(img.permute(1, 2, 0), self.pixel_norm)
 
 
 def _first(*cands):

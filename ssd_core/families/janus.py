@@ -52,6 +52,7 @@ class JanusModel(GridModel):
             raise SSDError(f"Janus model {folder or ''} lacks its BOS, pad or image-start token ids "
                            "(generation_config.json: bos_token_id, pad_token_id, generation_kwargs.boi_token_id)")
         self.boi_id = int(boi)
+        self.pixel_norm = hub.pixel_normalization(folder)
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
     @staticmethod
@@ -143,4 +144,4 @@ class JanusModel(GridModel):
         dev = next(vq.parameters()).device
         with torch.no_grad():
             img = self.model.decode_image_tokens(tokens.reshape(1, H * W).long().to(dev))[0]  # [H_px, W_px, 3]
-        return ((img.float().clamp(-1, 1) + 1) / 2).cpu()
+        return hub.to_unit_image(img, self.pixel_norm)
