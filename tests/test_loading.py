@@ -169,3 +169,18 @@ def test_pixels_follow_the_image_processor_normalization(folders, family, tmp_pa
     expected = (raw * 0.25 + torch.tensor([0.2, 0.3, 0.4])).clamp(0, 1)
     mid = (raw > -0.99) & (raw < 0.99)  # away from plain's clamp
     torch.testing.assert_close(b[mid], expected[mid], atol=1e-5, rtol=1e-5)
+
+
+def test_lumina_release_config_loads(folders, tmp_path):
+    """Lumina-mGPT's released config.json names its training subclass; model_type is still 'chameleon'."""
+    import shutil
+
+    folder = tmp_path / "lumina"
+    shutil.copytree(folders["lumina"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+    cfg["z_loss_weight"] = 1e-5
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert hub.family_of_folder(folder) == "lumina"
+    m = LuminaModel.load(folder, "fp32", "cpu")
+    assert m.family == "lumina" and m.image_vocab_size == 16
