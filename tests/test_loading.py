@@ -184,3 +184,13 @@ def test_lumina_release_config_loads(folders, tmp_path):
     assert hub.family_of_folder(folder) == "lumina"
     m = LuminaModel.load(folder, "fp32", "cpu")
     assert m.family == "lumina" and m.image_vocab_size == 16
+
+
+@pytest.mark.parametrize("family,grid", [("janus", (4, 4)), ("emu3", (3, 4)), ("lumina", (4, 4))])
+def test_half_precision_generation(folders, family, grid, tmp_path):
+    m = ssd_core.load_model(folders[family], dtype="bf16", **({} if family == "janus" else {"grid": grid}))
+    heads = tmp_path / "h.safetensors"
+    ssd_core.DraftHeads.for_model(m).save(heads)
+    r = ssd_core.generate(m, ssd_core.load_heads(heads, m), prompt="a cat", negative_prompt="", decoder="ssd",
+                          seed=1, score=False)
+    assert r.image.shape == (grid[0] * 2, grid[1] * 2, 3) and r.image.dtype == torch.float32
