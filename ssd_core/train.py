@@ -175,7 +175,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     else:
         prompts, codes = list(grid_prompts), grids
     t_gen = time.time() - t0
-    n_held = min(cfg.heldout, max(1, len(prompts) // 8))
+    n_held = max(1, min(cfg.heldout, len(prompts) - 1))
     h_train, ids_train = collect_features(model, prompts[:-n_held], codes[:-n_held], settings, layout, cfg.gen_batch)
     h_held, ids_held = collect_features(model, prompts[-n_held:], codes[-n_held:], settings, layout, cfg.gen_batch)
     per = 2 if settings.guided else 1  # feature rows per grid: the conditional and unconditional streams

@@ -1,0 +1,166 @@
+"""The other decoders on real tiny models: SJD's distribution, SSD's bookkeeping, cache, cancel, ZipAR."""
+import math
+
+import pytest
+import torch
+
+import ssd_core
+from ssd_core.decoders import make_policy
+from ssd_core.engine import decode
+from ssd_core.families.base import Layout
+from ssd_core.sampling import SamplerSettings
+from tiny import make_heads, make_llama_grid
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = make_llama_grid(tmp_path_factory.mktemp("m") / "model", grid=(6, 5), row_end=True)
+    model = ssd_core.load_model(folder)
+    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
+    return model, heads
+
+
+def _run(model, heads, decoder, seed=0, cfg=2.0, grid=None, **policy):
+    settings = SamplerSettings(seed=seed, cfg=cfg, temperature=1.0)
+    layout = model.layout(grid)
+    prompt = model.build_prompt(1, "", settings.guided, layout.grid)
+    return decode(model, heads, prompt, layout, settings, make_policy(decoder, **policy), decoder, score=False)
+
+
+@torch.no_grad()
+def exact_joint(model, prompt_class: int, settings: SamplerSettings) -> torch.Tensor:
+    """P(t0, t1) by direct computation: softmax at the prompt end, then one forward per t0."""
+    from ssd_core.sampling import guide, log_probs
+
+    layout = model.layout((1, 2))
+    V = model.image_vocab_size
+    joint = torch.zeros(V, V, dtype=torch.float64)
+    prompt = model.build_prompt(prompt_class, "", settings.guided, layout.grid)
+    for t0 in range(V):
+        session = model.start(prompt)
+        p0 = log_probs(guide(model.image_logits(session.last_features), settings.cfg), settings).exp()
+        feats = session.forward(model.code_to_id(torch.tensor([t0])))
+        p1 = log_probs(guide(model.image_logits(feats[:, 0]), settings.cfg), settings).exp()
+        joint[t0] = p0[t0].double() * p1.double()
+    return joint
+
+
+@pytest.mark.parametrize("decoder", ["sjd", "ar"])
+def test_distribution_of_first_two_tokens(tmp_path, decoder):
+    """Chi-square of the joint of the first two tokens against the exact AR probabilities."""
+    from scipy.stats import chisquare
+
+    folder = make_llama_grid(tmp_path / "m", grid=(1, 2), image_vocab=4, num_classes=2, seed=7)
+    model = ssd_core.load_model(folder)
+    settings = SamplerSettings(seed=0, cfg=1.5, temperature=1.0)
+    joint = exact_joint(model, 0, settings)
+    n = 2000
+    counts = torch.zeros(4, 4)
+    layout = model.layout((1, 2))
+    prompt = model.build_prompt(0, "", True, layout.grid)
+    for seed in range(n):
+        s = SamplerSettings(seed=seed, cfg=1.5, temperature=1.0)
+        run, _ = decode(model, None, prompt, layout, s, make_policy(decoder), decoder, score=False)
+        counts[run.codes[0], run.codes[1]] += 1
+    expected = joint.flatten() * n
+    keep = expected > 5
+    obs = counts.flatten()[keep].double()
+    exp = expected[keep] * obs.sum() / expected[keep].sum()
+    p = chisquare(obs.numpy(), exp.numpy()).pvalue
+    assert p > 1e-3, (p, counts, joint)
+
+
+def test_ssd_finalizes_every_cell_once_and_bounds_steps(tiny):
+    model, heads = tiny
+    H, W = model.default_grid
+    for rounds in (0, 1, 2):
+        seen = {}
+
+        def on_step(progress):
+            for y in range(H):
+                for x in range(W):
+                    tok = int(progress.tokens[y, x])
+                    if tok >= 0:
+                        st = progress.status[y][x]
+                        assert seen.setdefault((y, x), (tok, st)) == (tok, st), "a final cell changed"
+
+        r = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=rounds, verify_rounds=rounds,
+                              on_step=on_step, score=False)
+        assert len(seen) == H * W
+        counts = r.trace.counts
+        assert counts["accepted"] + counts["corrected"] + counts["ar"] == H * W
+        assert r.trace.steps <= (1 + rounds) * H + W
+        assert int(r.trace.round.max()) <= rounds
+
+
+def test_ssd_more_rows_fewer_steps(tiny):
+    model, heads = tiny
+    one = ssd_core.generate(model, heads, prompt=0, decoder="ssd", seed=0, verify_rounds=1, score=False)
+    three = ssd_core.generate(model, heads, prompt=0, decoder="ssd", seed=0, verify_rounds=1, draft_rows=3, score=False)
+    assert three.trace.steps < one.trace.steps
+
+
+@pytest.mark.parametrize("decoder", ["ar", "ssd", "ssd-exact", "sjd", "zipar"])
+def test_cache_equals_fresh_forward(tiny, decoder):
+    model, heads = tiny
+    run, trace = _run(model, heads if "ssd" in decoder else None, decoder, draft_rows=2)
+    assert bool(run.final.all())
+    assert run.session.cached == run.L
+    fresh = model.start(run.session.__dict__.get("prompt") or model.build_prompt(1, "", True, model.default_grid))
+    fresh.forward(run.ids.clone())
+    for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):
+        assert k1.shape == k2.shape
+        assert (k1 - k2).abs().max() <= 1e-4
+        assert (v1 - v2).abs().max() <= 1e-4
+
+
+def test_zipar_writes_rows_in_parallel(tiny):
+    model, _ = tiny
+    H, W = model.default_grid
+    r = ssd_core.generate(model, None, prompt=1, decoder="zipar", seed=0, window=2, score=False)
+    assert r.trace.counts["ar"] == H * W
+    assert r.trace.steps < H * W - 1
+    steps = r.trace.step
+    assert int(steps[1, 0]) < int(steps[0, W - 1])  # row 1 started before row 0 ended
+
+
+def test_sjd_finishes_and_counts(tiny):
+    model, _ = tiny
+    r = ssd_core.generate(model, None, prompt=1, decoder="sjd", seed=0, score=False)
+    assert sum(r.trace.counts.values()) == r.tokens.numel()
+    assert r.trace.steps <= r.tokens.numel()
+
+
+def test_cancel_midway_then_model_still_works(tiny):
+    model, heads = tiny
+    calls = {"n": 0}
+
+    def should_cancel():
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    with pytest.raises(ssd_core.Cancelled):
+        ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=0, should_cancel=should_cancel)
+    assert calls["n"] == 4
+    a = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=4)
+    b = ssd_core.generate(model, heads, prompt=1, decoder="ssd-exact", seed=4)
+    assert torch.equal(a.tokens, b.tokens)
+    assert math.isfinite(a.trace.nll)
+
+
+def test_trace_json_keys(tiny):
+    model, heads = tiny
+    d = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=0).trace.to_dict()
+    H, W = model.default_grid
+    for key in ("decoder", "grid", "tokens", "status", "steps", "wall_s", "nll"):
+        assert key in d
+    assert d["grid"] == [H, W] and len(d["tokens"]) == H and len(d["status"][0]) == W
+    assert set(s for row in d["status"] for s in row) <= {"ar", "accepted", "corrected", "forced"}
+    assert d["nll"] > 0
+
+
+def test_layout_row_end_positions():
+    layout = Layout.build((2, 3), row_end=99, tail=(7, 8))
+    assert layout.forced.tolist() == [-1, -1, -1, 99, -1, -1, -1, 99, 7, 8]
+    assert layout.slot_of_cell.tolist() == [0, 1, 2, 4, 5, 6]
+    assert layout.row_stride == 4
