@@ -449,3 +449,27 @@ def test_stats_text():
     s = trace_mod.stats_text(t)
     assert s.startswith("ssd: 2x3 = 6 tokens in 2 steps") and "6/2 = 3.00 tokens per step" in s
     assert "ar 1, accepted 2" in s and "nll 2.250" in s and "seed 3" in s
+
+
+# ---- the real families (tiny random models built like the real ones) ----------------------------------------------
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina"])
+def test_text_families_through_the_nodes(family, tmp_path, monkeypatch):
+    import tiny_families as tf
+
+    folder = tmp_path / "ssd_models" / f"tiny-{family}"
+    {"janus": tf.build_janus, "emu3": tf.build_emu3, "lumina": tf.build_lumina}[family](folder)
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path / "ssd_models"))
+    assert f"tiny-{family}" in nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][0]
+    (m,) = nodes.SSDLoadModel().load(f"tiny-{family}", "float32", "cpu")
+    assert m.model.family == family and m.model.text_prompts and m.model.class_names is None
+    negative = "blurry" if m.model.negative_prompts else ""
+    # zipar: no heads needed and few steps (these tiny models are slow enough on a busy CPU)
+    out = run(m, prompt="a red fox in the snow", negative_prompt=negative, decoder="zipar", seed=3)
+    image, trace, stats = out["result"]
+    H, W = trace["grid"]
+    assert trace["decoder"] == "zipar" and f"{H}x{W}" in stats
+    assert image.shape[0] == 1 and image.shape[3] == 3 and image.dtype == torch.float32
+    assert len(out["ui"]["ssd_trace"][0]["status"]) == H * W
+    if not m.model.negative_prompts:
+        with pytest.raises(core.SSDError, match="no negative prompt"):
+            run(m, prompt="a fox", negative_prompt="blurry", decoder="zipar")
