@@ -316,6 +316,8 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
     assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"]) == (2.5, 0.0, 5, 0.9)
     assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
     assert callable(a["on_step"]) and callable(a["should_cancel"])
+    big = run(ref, decoder="ar", grid="4x4", seed=0xFFFFFFFFFFFFFFFF)  # the widget's largest seed
+    assert big["result"][1]["seed"] == 0xFFFFFFFFFFFFFFFF
 
 
 def test_sampler_grid_option(ref):
