@@ -218,3 +218,30 @@ def to_unit_image(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor]) -> t
     """[..., 3] channels-last VQ output -> [0, 1] pixels with the model's un-normalization."""
     mean, std = norm
     return (x.float().cpu() * std + mean).clamp(0, 1)
+
+
+def token_id_list(prompt) -> list[int] | None:
+    """A prompt given as already-tokenized ids (a list / tuple / 1-D tensor of ints) -> list; text -> None."""
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.flatten().tolist()
+    if isinstance(prompt, (list, tuple)):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            raise SSDError("a prompt given as token ids must be a list of non-negative integers")
+        return [int(t) for t in prompt]
+    return None
+
+
+def build_random(model_cls, config, device="cpu", dtype=torch.bfloat16, seed: int = 0):
+    """A random-init transformers model of `config`, built directly on `device` (for timing full-size shapes
+    without their weights: the step-cost curve). Built in float32, then cast."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config)
+    return model.to(dtype=dtype).eval()
+
+
+def count_parameters(model_cls, config) -> int:
+    """Parameters of `config`'s model, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    return sum(p.numel() for p in model.parameters())

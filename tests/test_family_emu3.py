@@ -111,3 +111,13 @@ def test_same_sequence_as_transformers_unbatched_guidance(folder):
     ours = ssd_core.generate(m, None, prompt=PROMPT, negative_prompt="blurry", decoder="ar", cfg=3.0, temperature=0,
                              grid=GRID, score=False, decode_pixels=False)
     assert sequence_ids(m, layout, ours.tokens).tolist() == theirs[0, P:].tolist()
+
+
+def test_random_init_of_released_shapes():
+    from tiny_families import check_random_init
+
+    m = check_random_init(Emu3Model, "emu3", GRID, {"Emu3-Gen": (8.3, 8.9)})
+    vocab = m.model.config.vocabulary_map
+    p = m.build_prompt([5, 6], [], True, GRID)
+    prefix = [vocab["<|image start|>"], vocab["3"], vocab["*"], vocab["4"], vocab["<|image token|>"]]
+    assert p.ids[0].tolist() == [m.bos_id, 5, 6] + prefix

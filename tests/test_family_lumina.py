@@ -105,3 +105,16 @@ def test_every_decoder_full_image(model, tmp_path):
     heads.save(tmp_path / "h.safetensors")
     heads = ssd_core.load_heads(tmp_path / "h.safetensors", model)
     check_every_decoder(model, heads, PROMPT, GRID, pixel_factor=2, negative="")
+
+
+def test_random_init_of_released_shapes():
+    from tiny_families import check_random_init
+
+    m = check_random_init(LuminaModel, "lumina", GRID, {"Lumina-mGPT-7B": (6.8, 7.2)})
+    # Chameleon's real ids: image start 8197 and the size tokens 8804 + size / 32 (at a 16-code vocabulary the
+    # image tokens end earlier, so only the reserved ids can be checked)
+    assert m.row_end_id == 8803 and m.turn_end_id == 8710 and m.size_ids((48, 48)) == [8828, 8828]
+    from ssd_core.families.lumina import random_vocabulary
+
+    full = random_vocabulary(65536, 8192)
+    assert full["<racm3:break>"] == 8197 and full["<eoss>"] == 8196 and full["IMGIMGBAZ"] == 14

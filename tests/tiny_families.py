@@ -253,3 +253,41 @@ def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int,
         results[dec] = res
     assert torch.equal(results["ssd-exact"].tokens, results["ar"].tokens)
     return results
+
+
+# ---- random-weight models of given shapes (the full-size step-cost benchmark, here at tiny shapes) ------------
+TINY_SHAPES = {
+    "janus": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+              "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 300,
+              "max_position_embeddings": 512, "codes": CODES, "image_size": 64, "patch_size": 16},
+    "emu3": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+             "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 300,
+             "max_position_embeddings": 512, "codes": CODES, "vq_base_channels": 32,
+             "vq_channel_multiplier": [1, 1]},
+    "lumina": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+               "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 8960,
+               "max_position_embeddings": 512, "codes": CODES},
+}
+
+
+def check_random_init(cls, family: str, grid, full_sizes: dict):
+    """random_init at tiny shapes generates from token-id prompts (no tokenizer); the released shapes count the
+    expected parameters (on the meta device)."""
+    import ssd_core
+    from ssd_core import hub
+
+    m = cls.random_init(TINY_SHAPES[family], device="cpu", dtype=torch.float32, **({} if family == "janus"
+                                                                                   else {"grid": grid}))
+    assert m.tokenizer is None and m.default_grid == tuple(grid)
+    heads = ssd_core.DraftHeads.for_model(m)
+    ar = ssd_core.generate(m, None, prompt=[5, 6, 7], negative_prompt=[] if family == "emu3" else "",
+                           decoder="ar", seed=1, score=False, decode_pixels=False)
+    ex = ssd_core.generate(m, heads, prompt=[5, 6, 7], negative_prompt=[] if family == "emu3" else "",
+                           decoder="ssd-exact", seed=1, score=False, decode_pixels=False)
+    assert torch.equal(ar.tokens, ex.tokens) and tuple(ar.tokens.shape) == tuple(grid)
+    module = __import__(cls.__module__, fromlist=["random_config"])
+    model_cls = type(m.model)
+    for name, (lo, hi) in full_sizes.items():
+        n = hub.count_parameters(model_cls, module.random_config(name))
+        assert lo < n / 1e9 < hi, (name, n)
+    return m

@@ -31,6 +31,40 @@ UPSTREAM_SIDE = 90  # 720 px at f = 8
 RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
 PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
 
+# Emu3-Gen's shapes, to time one step of the full-size architecture with random weights (random_init)
+SHAPES = {
+    "Emu3-Gen": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "vocab_size": 184622, "max_position_embeddings": 9216, "codes": 32768,
+                 "vq_base_channels": 256, "vq_channel_multiplier": [1, 2, 2, 4]},
+}
+
+
+def random_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
+    """A vocabulary map laid out as Emu3's: visual tokens last, the special tokens just below them, and the
+    characters the image prefix needs."""
+    first_visual = vocab_size - codes
+    specials = ["<|extra_200|>", "<|extra_201|>", "<|endoftext|>", "<|extra_203|>", "<|extra_204|>",
+                IMAGE_START, IMAGE_END, IMAGE_WRAPPER]
+    vocab = {name: first_visual - len(specials) + i for i, name in enumerate(specials)}
+    vocab.update({c: i for i, c in enumerate("0123456789*")})
+    vocab.update({f"<|visual token {i:06d}|>": first_visual + i for i in range(codes)})
+    return vocab
+
+
+def random_config(shapes="Emu3-Gen"):
+    from transformers import Emu3Config
+
+    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
+    codes, base, mult = sh.pop("codes"), sh.pop("vq_base_channels"), sh.pop("vq_channel_multiplier")
+    vocab = random_vocabulary(sh["vocab_size"], codes)
+    return Emu3Config(
+        text_config=dict(bos_token_id=vocab["<|extra_203|>"], eos_token_id=vocab["<|extra_204|>"],
+                         pad_token_id=vocab["<|endoftext|>"], attention_dropout=0.0, **sh),
+        vq_config=dict(codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=base,
+                       channel_multiplier=mult, num_res_blocks=1, attn_resolutions=[],
+                       hidden_size=base * mult[-1], num_attention_heads=1),
+        vocabulary_map=vocab)
+
 
 class Emu3Model(GridModel):
     family = "emu3"
@@ -85,6 +119,14 @@ class Emu3Model(GridModel):
         folder = hub.ensure_folder(folder, cls.family, download)
         model = hub.load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, **kwargs)
         return cls(model, hub.load_tokenizer(folder), Path(folder), grid)
+
+    @classmethod
+    def random_init(cls, shapes="Emu3-Gen", device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None):
+        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
+        from transformers import Emu3ForConditionalGeneration
+
+        model = hub.build_random(Emu3ForConditionalGeneration, random_config(shapes), device, dtype, seed)
+        return cls(model, None, None, grid)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     @property
@@ -146,7 +188,24 @@ class Emu3Model(GridModel):
         H, W = grid
         return f"{IMAGE_START}{H}*{W}{IMAGE_WRAPPER}"
 
-    def text_ids(self, text: str, grid) -> list[int]:
+    def prefix_ids(self, grid) -> list[int]:
+        """`<|image start|>{H}*{W}<|image token|>` as ids: through the tokenizer, or without one character by
+        character from the vocabulary map (digits and '*' are single tokens in Emu3's vocabulary)."""
+        if self.tokenizer is not None:
+            return list(self.tokenizer(self.image_prefix(grid), add_special_tokens=False)["input_ids"])
+        vocab = self.model.config.vocabulary_map
+        H, W = grid
+        try:
+            return [vocab[IMAGE_START]] + [vocab[c] for c in f"{H}*{W}"] + [vocab[IMAGE_WRAPPER]]
+        except KeyError as err:
+            raise SSDError(f"the Emu3 model has no tokenizer and its vocabulary map lacks {err}") from None
+
+    def text_ids(self, text, grid) -> list[int]:
+        given = hub.token_id_list(text)
+        if given is not None:
+            return [self.bos_id] + given + self.prefix_ids(grid)
+        if not isinstance(text, str):
+            raise SSDError(f"an Emu3 prompt is text (or a list of token ids), got {type(text).__name__}")
         if self.tokenizer is None:
             raise SSDError(f"the Emu3 model folder {self.folder} has no tokenizer (tokenizer.json / "
                            "tokenizer_config.json): copy them from the model's repo")
@@ -154,12 +213,10 @@ class Emu3Model(GridModel):
         return [self.bos_id] + ids
 
     def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
-        if not isinstance(prompt, str):
-            raise SSDError(f"an Emu3 prompt is text, got {type(prompt).__name__}")
         grid = self.check_grid(grid)
         rows = [self.text_ids(prompt, grid)]
         if cfg:
-            neg = DEFAULT_NEGATIVE if negative_prompt is None else str(negative_prompt)
+            neg = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt
             rows.append(self.text_ids(neg, grid))
         ids, mask = hub.left_pad(rows, self.pad_id)
         return Prompt(ids, mask)

@@ -21,6 +21,34 @@ from .base import GridModel, Layout, Prompt
 
 USER, ASSISTANT = "<|User|>", "<|Assistant|>"
 IMAGE_START = "<begin_of_image>"
+BOS_ID, PAD_ID, BOI_ID = 100000, 100002, 100016  # Janus-Pro's ids (random_init only; real folders carry theirs)
+
+# language-model / generation shapes of the released models (the vision encoder, unused for generation, is kept
+# tiny in random_init); used to time one step of a full-size architecture with random weights
+SHAPES = {
+    "Janus-Pro-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 30,
+                     "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 102400,
+                     "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
+    "Janus-Pro-1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                     "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
+                     "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
+}
+
+
+def random_config(shapes="Janus-Pro-7B"):
+    """A JanusConfig with the language model and generation head of `shapes` (a SHAPES name or a dict)."""
+    from transformers import JanusConfig
+
+    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
+    codes, image_size, patch = sh.pop("codes"), sh.pop("image_size"), sh.pop("patch_size")
+    d = sh["hidden_size"]
+    n = image_size // patch
+    return JanusConfig(
+        text_config=dict(model_type="llama", bos_token_id=BOS_ID % sh["vocab_size"],
+                         pad_token_id=PAD_ID % sh["vocab_size"], **sh),
+        vision_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
+                           patch_size=patch, projection_dim=d, num_image_tokens=n * n, depth=1),
+        vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d))
 
 
 class JanusModel(GridModel):
@@ -73,6 +101,18 @@ class JanusModel(GridModel):
         model = hub.load_pretrained(JanusForConditionalGeneration, folder, dtype, device, **kwargs)
         return cls(model, hub.load_tokenizer(folder), Path(folder))
 
+    @classmethod
+    def random_init(cls, shapes="Janus-Pro-7B", device="cpu", dtype=torch.bfloat16, seed: int = 0) -> "JanusModel":
+        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
+        from transformers import GenerationConfig, JanusForConditionalGeneration
+
+        cfg = random_config(shapes)
+        model = hub.build_random(JanusForConditionalGeneration, cfg, device, dtype, seed)
+        v = cfg.text_config.vocab_size
+        model.generation_config = GenerationConfig(bos_token_id=BOS_ID % v, pad_token_id=PAD_ID % v,
+                                                   generation_kwargs={"boi_token_id": BOI_ID % v})
+        return cls(model)
+
     # ---- the contract ----------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
@@ -112,8 +152,13 @@ class JanusModel(GridModel):
         return f"{USER}: {prompt}\n\n{ASSISTANT}:{start}"
 
     def prompt_ids(self, prompt) -> list[int]:
+        """Text -> [BOS] + the chat-formatted prompt ending in the image start. Token ids (already formatted
+        text, e.g. for a benchmark without a tokenizer) -> [BOS] + ids + [image start]."""
+        given = hub.token_id_list(prompt)
+        if given is not None:
+            return [self.bos_id] + given + [self.boi_id]
         if not isinstance(prompt, str):
-            raise SSDError(f"a Janus prompt is text, got {type(prompt).__name__}")
+            raise SSDError(f"a Janus prompt is text (or a list of token ids), got {type(prompt).__name__}")
         if self.tokenizer is None:
             raise SSDError(f"the Janus model folder {self.folder} has no tokenizer (tokenizer.json / "
                            "tokenizer_config.json): copy them from the model's repo")

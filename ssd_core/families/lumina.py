@@ -33,6 +33,37 @@ SIZE_BASE = 8800  # size token name: <reserved{8800 + px/32:05d}>, id 8804 + px/
 PATCH_PX = 32  # Lumina-mGPT's size unit; a grid cell is 16 px, so a size token counts 2 cells
 UPSTREAM_SIDE = 48  # 768 px
 
+# Lumina-mGPT-7B (Chameleon-7B) shapes, to time one step of the full-size architecture with random weights
+SHAPES = {
+    "Lumina-mGPT-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 65536,
+                       "max_position_embeddings": 10240, "codes": 8192},
+}
+
+
+def random_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
+    """A vocabulary map laid out as Chameleon's: <s> <pad> </s>, image tokens from id 4 in code order, then
+    <eoss>, <racm3:break> and the reserved tokens at their real ids (<reservedNNNNN> = NNNNN + 4)."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2}
+    digits = {str(i): chr(ord("A") + i) for i in range(10)}
+    vocab.update({"IMGIMG" + "".join(digits[c] for c in str(i)) + "Z": 4 + i for i in range(codes)})
+    vocab.update({IMAGE_END: 4 + codes, IMAGE_START: 5 + codes})
+    for n in range(6 + codes, vocab_size):
+        if n - 4 >= 0 and n - 4 >= 8700 and n - 4 < 8900:
+            vocab[f"<reserved{n - 4:05d}>"] = n
+    return vocab
+
+
+def random_config(shapes="Lumina-mGPT-7B"):
+    from transformers import ChameleonConfig
+
+    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
+    codes = sh.pop("codes")
+    return ChameleonConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2,
+                           vocabulary_map=random_vocabulary(sh["vocab_size"], codes),
+                           vq_config=dict(num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
+                                          num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
+
 
 def size_token_name(cells: int) -> str:
     return f"<reserved{SIZE_BASE + cells // 2:05d}>"
@@ -106,6 +137,15 @@ class LuminaModel(GridModel):
         model = hub.load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, **kwargs)
         return cls(model, hub.load_tokenizer(folder), Path(folder), str(vqgan) if isinstance(vqgan, Path) else vqgan,
                    grid)
+
+    @classmethod
+    def random_init(cls, shapes="Lumina-mGPT-7B", device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None,
+                    vqgan=None):
+        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
+        from transformers import ChameleonForConditionalGeneration
+
+        model = hub.build_random(ChameleonForConditionalGeneration, random_config(shapes), device, dtype, seed)
+        return cls(model, None, None, vqgan, grid)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     @property
@@ -183,19 +223,23 @@ class LuminaModel(GridModel):
         if negative_prompt:
             raise SSDError("Lumina-mGPT takes no negative prompt (its unconditional stream is the image start "
                            "and size tokens alone): clear it")
-        if not isinstance(prompt, str):
-            raise SSDError(f"a Lumina-mGPT prompt is text, got {type(prompt).__name__}")
-        if self.tokenizer is None:
+        grid = self.check_grid(grid)
+        bos = self.bos_id if self.bos_id is not None else _first(getattr(self.tokenizer, "eos_token_id", None))
+        given = hub.token_id_list(prompt)
+        if given is not None:  # already tokenized prompt text (e.g. a benchmark without a tokenizer)
+            ids = given + [self.turn_end_id]
+        elif not isinstance(prompt, str):
+            raise SSDError(f"a Lumina-mGPT prompt is text (or a list of token ids), got {type(prompt).__name__}")
+        elif self.tokenizer is None:
             raise SSDError(f"the Lumina-mGPT model folder {self.folder} has no tokenizer (tokenizer.json / "
                            "tokenizer_config.json): copy them from the model's repo")
-        grid = self.check_grid(grid)
-        # as Lumina-mGPT's item processor: [BOS] + encode(conversation, add_special_tokens=False), the turn ending
-        # in its separator token
-        text = self.prompt_text(prompt, grid)
-        ids = list(self.tokenizer(text + TURN_END, add_special_tokens=False)["input_ids"])
-        if not ids or ids[-1] != self.turn_end_id:
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.turn_end_id]
-        bos = self.bos_id if self.bos_id is not None else _first(getattr(self.tokenizer, "eos_token_id", None))
+        else:
+            # as Lumina-mGPT's item processor: [BOS] + encode(conversation, add_special_tokens=False), the turn
+            # ending in its separator token
+            text = self.prompt_text(prompt, grid)
+            ids = list(self.tokenizer(text + TURN_END, add_special_tokens=False)["input_ids"])
+            if not ids or ids[-1] != self.turn_end_id:
+                ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.turn_end_id]
         text_ids = ([bos] if bos is not None else []) + ids
         prefix = self.image_prefix_ids(grid)
         rows = [text_ids + prefix]
