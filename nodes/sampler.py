@@ -201,7 +201,7 @@ class SSDSampler:
         if result.image is not None:
             image = _to_image(result.image)
         else:
-            image = trace_mod.render(full, cell_size=max(1, 512 // max(h, w)))
+            image = trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"])))
             stats += " | this model has no pixel decoder here: the image shows the token grid"
         progress.send("ssd.grid", small, force=True)
         return {"ui": {"ssd_trace": [small]}, "result": (image, full, stats)}

@@ -369,6 +369,8 @@ def test_heads_of_another_model_are_refused(ref, tmp_path, monkeypatch):
         nodes.SSDLoadHeads().load(tiny, "reference")
     out = run(nodes.SSDLoadHeads().load(tiny, "none")[0], prompt="class1", decoder="ar")
     assert out["result"][1]["grid"] == [4, 5]
+    # no pixel decoder in this model: the IMAGE is the token grid, and the stats say so
+    assert out["result"][0].shape == (1, 4 * 102, 5 * 102, 3) and "no pixel decoder" in out["result"][2]
     assert folder.is_dir()
 
 
