@@ -121,3 +121,5 @@ def test_random_init_of_released_shapes():
     p = m.build_prompt([5, 6], [], True, GRID)
     prefix = [vocab["<|image start|>"], vocab["3"], vocab["*"], vocab["4"], vocab["<|image token|>"]]
     assert p.ids[0].tolist() == [m.bos_id, 5, 6] + prefix
+    assert p.ids[1][p.mask[1]].tolist() == [m.bos_id] + prefix == \
+        m.build_prompt([5, 6], "", True, GRID).ids[1][-6:].tolist()  # an empty negative needs no tokenizer

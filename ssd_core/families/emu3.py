@@ -201,7 +201,7 @@ class Emu3Model(GridModel):
             raise SSDError(f"the Emu3 model has no tokenizer and its vocabulary map lacks {err}") from None
 
     def text_ids(self, text, grid) -> list[int]:
-        given = hub.token_id_list(text)
+        given = [] if text == "" and self.tokenizer is None else hub.token_id_list(text)
         if given is not None:
             return [self.bos_id] + given + self.prefix_ids(grid)
         if not isinstance(text, str):
