@@ -168,6 +168,30 @@ def interrupt_exception():
     return mm.InterruptProcessingException
 
 
+def weights_bytes(path):
+    """Bytes of the weight files in a model folder (0 when unknown, e.g. the bundled name)."""
+    if not path or not os.path.isdir(path):
+        return 0
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            if f.endswith((".safetensors", ".bin", ".pt", ".ckpt")):
+                total += os.path.getsize(os.path.join(dirpath, f))
+    return total
+
+
+def make_room(nbytes, device):
+    """Before a model goes to a GPU, ask ComfyUI to unload its own models until ``nbytes`` fit."""
+    if nbytes <= 0 or getattr(device, "type", str(device)) == "cpu":
+        return False
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return False
+    mm.free_memory(int(nbytes * 1.2), device)
+    return True
+
+
 def soft_empty_cache():
     try:
         import comfy.model_management as mm

@@ -50,6 +50,7 @@ class SSDLoadModel:
             raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
         dev = _comfy.torch_device(device)
         path = _comfy.resolve_model(model)
+        _comfy.make_room(_comfy.weights_bytes(path), dev)
         loaded = ssd_core.load_model(path, dtype=dtype, device=dev)
         return (SSDModel(loaded, None, model, _comfy.NO_HEADS),)
 

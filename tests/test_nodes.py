@@ -228,6 +228,19 @@ def test_device_choice(fake_comfy):
             comfy_glue.torch_device("cuda")
 
 
+def test_make_room_asks_comfyui_to_unload_before_a_gpu_load(fake_comfy, tmp_path, monkeypatch):
+    calls = []
+    sys.modules["comfy.model_management"].free_memory = lambda n, dev, keep_loaded=(): calls.append((n, str(dev)))
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    assert comfy_glue.weights_bytes(str(tmp_path)) == 1000
+    assert comfy_glue.weights_bytes("reference") == 0
+    assert comfy_glue.make_room(1000, torch.device("cuda")) is True
+    assert calls == [(1200, "cuda")]
+    assert comfy_glue.make_room(1000, torch.device("cpu")) is False
+    assert comfy_glue.make_room(0, torch.device("cuda")) is False
+
+
 # ---- pure input handling ----------------------------------------------------------------------------------------
 def test_grid_parsing():
     parse = sampler_mod.parse_grid
