@@ -64,6 +64,9 @@ def ref():
     return mh
 
 
+SMALL = "12x12"  # a smaller grid for the checks that do not need the model's full one (CPU time)
+
+
 def run(model, **kw):
     args = dict(prompt="cat", negative_prompt="", seed=7, cfg=-1, temperature=-1, top_k=-1, top_p=-1,
                 decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto", unique_id="7")
@@ -297,18 +300,18 @@ def test_sampler_ar_and_ssd(ref):
 
 
 def test_sampler_exact_matches_ar_and_seed_matters(ref):
-    ar = run(ref, decoder="ar", seed=11)
-    exact = run(ref, decoder="ssd-exact", seed=11, draft_rows=2)
+    ar = run(ref, decoder="ar", seed=11, grid=SMALL)
+    exact = run(ref, decoder="ssd-exact", seed=11, draft_rows=2, grid=SMALL)
     assert exact["result"][1]["tokens"] == ar["result"][1]["tokens"]
     assert torch.equal(exact["result"][0], ar["result"][0])
-    other = run(ref, decoder="ar", seed=12)
+    other = run(ref, decoder="ar", seed=12, grid=SMALL)
     assert other["result"][1]["tokens"] != ar["result"][1]["tokens"]
 
 
 @pytest.mark.parametrize("decoder", ["sjd", "zipar"])
 def test_sampler_peers_without_heads(ref, decoder):
     (bare,) = nodes.SSDLoadHeads().load(ref, "none")
-    out = run(bare, decoder=decoder)
+    out = run(bare, decoder=decoder, grid=SMALL)
     assert out["result"][1]["decoder"] == decoder
 
 
@@ -322,10 +325,11 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
     run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1)
-    run(ref, prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0)
+    run(ref, prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
     a, b = seen
     assert a["prompt"] == 1 and b["prompt"] == 1
     assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"], a["grid"]) == (None, None, None, None, None)
+    assert b["grid"] == (12, 12)
     assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"]) == (2.5, 0.0, 5, 0.9)
     assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
     assert callable(a["on_step"]) and callable(a["should_cancel"])
@@ -334,11 +338,11 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
 
 
 def test_sampler_grid_option(ref):
-    H, W = ref.model.default_grid
-    h, w = max(1, H // 2), max(1, W // 2)
-    out = run(ref, decoder="ar", grid=f"{h}x{w}")
-    assert out["result"][1]["grid"] == [h, w]
-    assert out["result"][0].shape[1] < run(ref, decoder="ar")["result"][0].shape[1]
+    small = run(ref, decoder="ssd", grid="8x8")
+    wide = run(ref, decoder="ssd", grid="8x12")
+    assert small["result"][1]["grid"] == [8, 8] and wide["result"][1]["grid"] == [8, 12]
+    assert small["result"][0].shape[1] == wide["result"][0].shape[1]
+    assert small["result"][0].shape[2] * 12 == wide["result"][0].shape[2] * 8
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -368,7 +372,7 @@ def test_bad_heads_file_is_refused(ref, tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_HEADS_DIR", str(tmp_path))
     with pytest.raises(ValueError):
         nodes.SSDLoadHeads().load(ref, "broken.safetensors")
-    assert run(ref, decoder="ar")["result"][1]["steps"] > 0  # nothing else broke
+    assert run(ref, decoder="ar", grid=SMALL)["result"][1]["steps"] > 0  # nothing else broke
 
 
 def test_heads_of_another_model_are_refused(ref, tmp_path, monkeypatch):
@@ -411,7 +415,7 @@ def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref, fake_comfy):
     with pytest.raises(fake_comfy.InterruptProcessingException):
         run(ref, decoder="ar")
     fake_comfy.interrupt_after = None
-    assert run(ref, decoder="ssd")["result"][1]["steps"] > 0
+    assert run(ref, decoder="ssd", grid=SMALL)["result"][1]["steps"] > 0
 
 
 def test_cancel_outside_comfyui(ref, monkeypatch):
