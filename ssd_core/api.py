@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from . import hub
 from .decoders import make_policy
 from .engine import decode
 from .errors import SSDError
@@ -17,8 +18,6 @@ from .trace import Trace
 REFERENCE_DIR = Path(__file__).parent / "reference"
 BUNDLED_MODELS = {"reference": REFERENCE_DIR / "model"}
 BUNDLED_HEADS = {"reference": REFERENCE_DIR / "model" / "heads.safetensors"}
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
 def list_bundled() -> dict[str, list[str]]:
@@ -29,11 +28,9 @@ def list_bundled() -> dict[str, list[str]]:
 def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype in (None, "auto"):
+    if dtype in (None, "auto"):  # bf16 on a GPU, fp32 on the CPU (fp16/bf16 matmuls are slow there)
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise SSDError(f"dtype {dtype!r} is not one of auto, fp32, fp16, bf16")
-    return DTYPES[dtype]
+    return hub.parse_dtype(dtype)
 
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu", **kwargs):

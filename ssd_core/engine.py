@@ -198,6 +198,10 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards)
     if dev.type == "cuda":
         tr.peak_memory_mb = torch.cuda.max_memory_allocated(dev) / 2**20
+    else:  # the process's peak resident memory (Linux reports KiB)
+        import resource
+
+        tr.peak_memory_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if score:
         t1 = _now(dev)
         tr.nll = sequence_nll(model, prompt, layout, run.ids, run.codes, settings)
