@@ -11,6 +11,7 @@ Other modes:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from .vq import VQModel, load_vq, save_vq
 GRID = 24
 SEED = 0
 
-AR_CONFIG = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
+AR_CONFIG = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8,
                  intermediate_size=688, max_position_embeddings=1024, rope_theta=10000.0,
                  rms_norm_eps=1e-5, tie_word_embeddings=False, attention_dropout=0.0)
 
@@ -46,18 +47,33 @@ def _seed(s: int) -> None:
 # ------------------------------------------------------------------------------------------------
 # VQ
 # ------------------------------------------------------------------------------------------------
-def train_vq(ds: dict, out_path: str, steps: int = 360, batch: int = 32, lr: float = 2e-3,
-             config: dict | None = None, seed: int = SEED) -> VQModel:
+def train_vq(ds: dict, out_path: str, steps: int = 380, batch: int = 32, lr: float = 2e-3,
+             config: dict | None = None, seed: int = SEED, stop_after: int | None = None,
+             init: str | None = None) -> VQModel:
+    """Adam, warmup + cosine over `steps`; stop_after ends early (the schedule is unchanged).
+    With `init` (a VQ file): fine-tune its decoder only (codes unchanged) with lr decaying
+    linearly from `lr` to 0 over `steps` (the cool-down phase)."""
     _seed(seed)
     rng = np.random.default_rng(seed)
     train_imgs = ds["images"][~ds["heldout"]]
-    model = VQModel(config or {"channels": [32, 128]})
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.99))
+    if init:  # decoder-only cool-down: encoder and codebook frozen, so the codes do not change
+        model = load_vq(init)
+        model.freeze_codebook = True
+        model.encoder.requires_grad_(False)
+        params = list(model.decoder.parameters())
+    else:
+        model = VQModel(config or {"channels": [32, 128]})
+        params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.99))
     warm = max(1, steps // 20)
     t0 = time.time()
     model.train()
-    for step in range(steps):
-        cur = lr * min(1.0, (step + 1) / warm) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.95 + 0.05)
+    end = min(steps, stop_after or steps)
+    for step in range(end):
+        if init:
+            cur = lr * (1 - step / steps)
+        else:
+            cur = lr * min(1.0, (step + 1) / warm) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.95 + 0.05)
         for g in opt.param_groups:
             g["lr"] = cur
         idx = rng.integers(0, len(train_imgs), batch)
@@ -68,13 +84,13 @@ def train_vq(ds: dict, out_path: str, steps: int = 360, batch: int = 32, lr: flo
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % 20 == 0 or step == steps - 1:
+        if step % 20 == 0 or step == end - 1:
             used = int(torch.unique(codes).numel())
             el = time.time() - t0
-            eta = el / (step + 1) * (steps - step - 1)
+            eta = el / (step + 1) * (end - step - 1)
             log(f"vq step {step}/{steps} loss {loss.item():.4f} commit {commit.item():.4f} "
                 f"codes-in-batch {used} lr {cur:.2e} eta {eta / 60:.1f} min")
-        if (step + 1) % 100 == 0 or step == steps - 1:
+        if (step + 1) % 100 == 0 or step == end - 1:
             save_vq(model, out_path, dtype=torch.float32)
     model.eval()
     return model
@@ -173,9 +189,8 @@ def eval_ar(model, tokens, labels, lay, batch: int = 16) -> float:
 def save_ar(model, out_dir: str, lay: dict, class_names: list[str], extra: dict | None = None) -> None:
     """fp16 safetensors + ssd_model.json (the llama-grid contract)."""
     os.makedirs(out_dir, exist_ok=True)
-    half = model.to(torch.float16)
+    half = copy.deepcopy(model).to(torch.float16)  # never round the training weights
     half.save_pretrained(out_dir, safe_serialization=True)
-    model.to(torch.float32)
     meta = {"family": "llama-grid", "grid": [GRID, GRID], "image_token_start": 0,
             "image_vocab_size": lay["image_vocab_size"], "row_end_token": None,
             "num_classes": len(class_names), "class_token_start": lay["class_token_start"],
@@ -195,9 +210,11 @@ def save_ar(model, out_dir: str, lay: dict, class_names: list[str], extra: dict 
 def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int = 16, lr: float = 1.5e-3,
              warmup: int = 100, eval_every: int = 100, cfg_drop: float = 0.1, seed: int = SEED,
              class_names: list[str] | None = None, model_overrides: dict | None = None,
-             deadline: float | None = None, bf16: bool = False) -> dict:
+             deadline: float | None = None, bf16: bool = True, budget_s: float | None = None) -> dict:
     """Trains with AdamW + cosine; evaluates held-out NLL every `eval_every` steps and keeps the
-    best checkpoint (fp16) in out_dir/best. `deadline` (unix time) stops early, best kept."""
+    best checkpoint (fp16) in out_dir/best. `deadline` (unix time) stops early, best kept.
+    `budget_s`: after 20 steps, re-size `steps` so that training fits the budget (the cosine then
+    runs over the new step count; the count used is recorded). bf16 autocast (AMX on this CPU)."""
     _seed(seed)
     g = torch.Generator().manual_seed(seed)
     lay = layout(num_classes)
@@ -215,7 +232,7 @@ def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int =
     t0 = time.time()
     perm = torch.randperm(len(X), generator=g)
     pos = 0
-    for step in range(steps):
+    for step in range(10 ** 9):  # ends at `last` (steps may be re-sized)
         model.train()
         cur = lr * min(1.0, (step + 1) / warmup) * (0.5 * (1 + math.cos(math.pi * min(1.0, step / steps))) * 0.9 + 0.1)
         for grp in opt.param_groups:
@@ -234,6 +251,10 @@ def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int =
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if budget_s and step == 19:
+            rate = (time.time() - t0) / 20
+            steps = max(40, int(20 + (budget_s - (time.time() - t0)) / rate * 0.93))
+            log(f"ar: {rate:.2f} s/step -> {steps} steps fit the budget of {budget_s / 60:.0f} min")
         last = step == steps - 1 or (deadline is not None and time.time() > deadline)
         if step % 10 == 0 or last:
             el = time.time() - t0
@@ -254,6 +275,8 @@ def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int =
             break
     best["train_seconds"] = time.time() - t0
     best["params"] = nparam
+    best["steps_done"] = step + 1
+    best["batch"] = batch
     return best
 
 
@@ -369,7 +392,12 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
         log(f"  reusing {vq_path}")
         vq = load_vq(vq_path)
     else:
-        vq = train_vq(ds, vq_path, steps=vq_steps or (20 if quick else 380))
+        # phase 1: cosine schedule nominally over 380 steps, stopped after 200 (CPU budget);
+        # phase 2: 42 decoder-only cool-down steps, lr 1e-3 -> 0 (codes fixed after phase 1)
+        n1 = vq_steps or (20 if quick else 380)
+        stop = max(1, n1 * 10 // 19)
+        train_vq(ds, vq_path + ".phase1", steps=n1, stop_after=stop)
+        vq = train_vq(ds, vq_path, steps=max(2, n1 // 9), lr=1e-3, init=vq_path + ".phase1", seed=SEED + 7)
     ev = eval_vq(vq, ds["images"][ds["heldout"]])
     figures["vq"] = ev
     log(f"VQ held-out: MSE {ev['mse']:.5f} PSNR {ev['psnr']:.2f} dB, codes used {ev['codes_used']}/{ev['codebook_size']}")
@@ -379,7 +407,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     if os.path.exists(tok_path):
         tok = load_file(tok_path)
     else:
-        tok = tokenize(vq, ds, copies=copies if copies is not None else (1 if quick else 16))
+        tok = tokenize(vq, ds, copies=copies if copies is not None else (1 if quick else 8))
         save_file({k: v.contiguous() for k, v in tok.items()}, tok_path)
     tok["train_tokens"] = tok["train_tokens"].long()
     tok["heldout_tokens"] = tok["heldout_tokens"].long()

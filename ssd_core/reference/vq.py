@@ -93,6 +93,7 @@ class VQModel(nn.Module):
         self.register_buffer("ema_count", torch.zeros(K), persistent=False)  # 0: first batch initialises
         self.register_buffer("ema_sum", self.codebook.clone(), persistent=False)
         self.ema_decay = 0.99
+        self.freeze_codebook = False  # True: decoder-only fine-tuning (codes fixed)
         self.dead_threshold = 1.0  # EMA vectors per step below which a code is restarted
 
     # --- codes -----------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class VQModel(nn.Module):
         codes = self._lookup(z.detach())
         q = self.embed(codes)
         commit = F.mse_loss(z, q.detach())
-        if self.training:
+        if self.training and not self.freeze_codebook:
             self._ema_update(z.detach(), codes)
         zq = z + (q - z).detach()  # straight-through
         return self.decoder(zq), commit, codes
