@@ -87,6 +87,6 @@ def test_same_tokens_as_transformers_janus_image_generation(folder):
 def test_random_init_of_released_shapes():
     from tiny_families import check_random_init
 
-    m = check_random_init(JanusModel, "janus", (4, 4), {"Janus-Pro-7B": (6.5, 7.0), "Janus-Pro-1B": (1.4, 1.7)})
+    m = check_random_init(JanusModel, "janus", (4, 4), {"Janus-Pro-7B": (6.9, 7.3), "Janus-Pro-1B": (1.5, 1.9)})
     p = m.build_prompt([5, 6, 7], "", True, (4, 4))
     assert p.ids.tolist() == [[m.bos_id, 5, 6, 7, m.boi_id], [m.bos_id, m.pad_id, m.pad_id, m.pad_id, m.boi_id]]

@@ -48,7 +48,8 @@ def random_config(shapes="Janus-Pro-7B"):
                          pad_token_id=PAD_ID % sh["vocab_size"], **sh),
         vision_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
                            patch_size=patch, projection_dim=d, num_image_tokens=n * n, depth=1),
-        vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d))
+        vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d),
+        tie_word_embeddings=False)
 
 
 class JanusModel(GridModel):
