@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 from typing import Dict, Optional
 
@@ -33,14 +34,23 @@ def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
         raise ConversionError(f"{path!r} is a folder: give the vqgan.ckpt file itself")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConversionError(
+            f"{path!r} holds pickled Python objects besides tensors, which loading with weights_only=True refuses "
+            f"({str(e).splitlines()[0] if str(e) else 'unpickling refused'}). If you trust the file, save its "
+            "tensors alone where you trust it, e.g. torch.save(torch.load(path, weights_only=False)['state_dict'], "
+            "'vqgan_tensors.pt'), and convert that file") from e
     except Exception as e:  # noqa: BLE001 -- any unreadable file gets the same clear message
         raise ConversionError(f"could not read {path!r} as a PyTorch checkpoint with weights_only=True: "
                               f"{type(e).__name__}: {e}") from e
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ConversionError(f"{path!r} does not hold a state dict of tensors")
-    return obj
+    if not isinstance(obj, dict):
+        raise ConversionError(f"{path!r} does not hold a state dict (got {type(obj).__name__})")
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ConversionError(f"{path!r} holds no tensors")
+    return tensors
 
 
 def extract_decoder_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -77,6 +77,10 @@ def f_decode(codes, W, cfg):
     return f_conv(F.silu(f_norm(h, W, "decoder.norm_out")), W, "decoder.conv_out")
 
 
+class NotATensor:  # a pickled object that weights_only loading refuses (as training callbacks would be)
+    pass
+
+
 @pytest.fixture()
 def converted(tmp_path):
     state = random_state(TINY)
@@ -157,6 +161,10 @@ def test_converter_errors(tmp_path, capsys):
     torch.save({"model.layers.0.weight": torch.zeros(2)}, other)
     with pytest.raises(convert_vqgan.ConversionError, match="no VQGAN decoder"):
         convert_vqgan.convert(str(other), str(tmp_path / "o.safetensors"))
+    pickled = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": random_state(TINY), "callbacks": NotATensor()}, pickled)
+    with pytest.raises(convert_vqgan.ConversionError, match="besides tensors"):
+        convert_vqgan.convert(str(pickled), str(tmp_path / "o.safetensors"))
     with pytest.raises(convert_vqgan.ConversionError, match="must end in .safetensors"):
         convert_vqgan.convert(str(other), str(tmp_path / "o.bin"))
     assert convert_vqgan.main([str(tmp_path / "missing.ckpt"), str(tmp_path / "o.safetensors")]) == 2
