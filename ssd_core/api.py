@@ -33,13 +33,22 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
     return hub.parse_dtype(dtype)
 
 
-def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu", **kwargs):
-    """A model folder (or 'reference', the bundled model) -> a GridModel of its family."""
-    folder = BUNDLED_MODELS.get(str(name_or_path), Path(name_or_path))
+def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
+               family: str | None = None, download: str | bool | None = None, **kwargs):
+    """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
+
+    `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
+    without files is fetched first. Nothing touches the network otherwise.
+    """
+    folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
-    family = detect_family(Path(folder))
-    return family_class(family).load(Path(folder), resolve_dtype(dtype, device), device, **kwargs)
+    if family is not None and family != "llama-grid":  # the family's loader names repo ids and downloads
+        return family_class(family).load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
+    family = family or detect_family(folder)
+    if download is not None and family != "llama-grid":
+        kwargs["download"] = download
+    return family_class(family).load(folder, resolve_dtype(dtype, device), device, **kwargs)
 
 
 def load_heads(name_or_path: str | Path, model) -> DraftHeads:

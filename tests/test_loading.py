@@ -184,6 +184,13 @@ def test_lumina_release_config_loads(folders, tmp_path):
     assert hub.family_of_folder(folder) == "lumina"
     m = LuminaModel.load(folder, "fp32", "cpu")
     assert m.family == "lumina" and m.image_vocab_size == 16
+    assert ssd_core.load_model(folder, dtype="fp32").family == "lumina"  # detected through the public call
+
+
+def test_load_model_names_the_repo_for_a_missing_family_folder(tmp_path):
+    with pytest.raises(ssd_core.SSDError) as err:
+        ssd_core.load_model(tmp_path / "Janus-Pro-7B", family="janus")
+    assert "deepseek-community/Janus-Pro-7B" in str(err.value) and str(tmp_path / "Janus-Pro-7B") in str(err.value)
 
 
 @pytest.mark.parametrize("family,grid", [("janus", (4, 4)), ("emu3", (3, 4)), ("lumina", (4, 4))])

@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "JanusForConditionalGeneration": "janus",
     "Emu3ForConditionalGeneration": "emu3",
     "ChameleonForConditionalGeneration": "lumina",
+    "ChameleonXLLMXForConditionalGeneration": "lumina",  # Lumina-mGPT's released config.json
 }
 
 
@@ -45,5 +46,10 @@ def detect_family(folder: Path) -> str:
     arch = (json.loads(config.read_text()).get("architectures") or [""])[0]
     if arch in ARCHITECTURES:
         return ARCHITECTURES[arch]
+    from ..hub import family_of_folder
+
+    by_type = family_of_folder(folder)  # an unlisted class name of a known model_type
+    if by_type is not None:
+        return by_type
     raise SSDError(f"{folder} holds a {arch or 'model without architectures'}: not a supported AR image model. "
                    f"Supported: {', '.join(ARCHITECTURES)}, or any causal LM with an ssd_model.json (llama-grid)")
