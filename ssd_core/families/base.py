@@ -133,11 +133,12 @@ class GridModel:
     # ---- shared machinery ---------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the input embeddings' device (the first shard under a device_map)."""
+        return self.model.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self.model.get_input_embeddings().weight.dtype
 
     def to(self, device) -> "GridModel":
         self.model.to(device)

@@ -129,14 +129,6 @@ class Emu3Model(GridModel):
         return cls(model, None, None, grid)
 
     # ---- the contract ----------------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
-
     def backbone(self):
         return self.model.model.text_model
 

@@ -115,14 +115,6 @@ class JanusModel(GridModel):
         return cls(model)
 
     # ---- the contract ----------------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
-
     def backbone(self):
         return self.model.model.language_model
 
