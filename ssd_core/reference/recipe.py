@@ -47,9 +47,9 @@ def _seed(s: int) -> None:
 # ------------------------------------------------------------------------------------------------
 # VQ
 # ------------------------------------------------------------------------------------------------
-def train_vq(ds: dict, out_path: str, steps: int = 380, batch: int = 32, lr: float = 2e-3,
+def train_vq(ds: dict, out_path: str, steps: int = 1100, batch: int = 32, lr: float = 2e-3,
              config: dict | None = None, seed: int = SEED, stop_after: int | None = None,
-             init: str | None = None) -> VQModel:
+             init: str | None = None, bf16: bool = True) -> VQModel:
     """Adam, warmup + cosine over `steps`; stop_after ends early (the schedule is unchanged).
     With `init` (a VQ file): fine-tune its decoder only (codes unchanged) with lr decaying
     linearly from `lr` to 0 over `steps` (the cool-down phase)."""
@@ -78,7 +78,9 @@ def train_vq(ds: dict, out_path: str, steps: int = 380, batch: int = 32, lr: flo
             g["lr"] = cur
         idx = rng.integers(0, len(train_imgs), batch)
         x = D.to_tensor(D.augment(train_imgs[idx], rng))
-        rec, commit, codes = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            rec, commit, codes = model(x)
+        rec = rec.float()
         target = x * 2 - 1
         loss = F.mse_loss(rec, target) + 0.5 * (rec - target).abs().mean() + 0.25 * commit
         opt.zero_grad(set_to_none=True)
@@ -90,7 +92,7 @@ def train_vq(ds: dict, out_path: str, steps: int = 380, batch: int = 32, lr: flo
             eta = el / (step + 1) * (end - step - 1)
             log(f"vq step {step}/{steps} loss {loss.item():.4f} commit {commit.item():.4f} "
                 f"codes-in-batch {used} lr {cur:.2e} eta {eta / 60:.1f} min")
-        if (step + 1) % 100 == 0 or step == end - 1:
+        if (step + 1) % 200 == 0 or step == end - 1:
             save_vq(model, out_path, dtype=torch.float32)
     model.eval()
     return model
@@ -392,12 +394,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
         log(f"  reusing {vq_path}")
         vq = load_vq(vq_path)
     else:
-        # phase 1: cosine schedule nominally over 380 steps, stopped after 200 (CPU budget);
-        # phase 2: 42 decoder-only cool-down steps, lr 1e-3 -> 0 (codes fixed after phase 1)
-        n1 = vq_steps or (20 if quick else 380)
-        stop = max(1, n1 * 10 // 19)
-        train_vq(ds, vq_path + ".phase1", steps=n1, stop_after=stop)
-        vq = train_vq(ds, vq_path, steps=max(2, n1 // 9), lr=1e-3, init=vq_path + ".phase1", seed=SEED + 7)
+        vq = train_vq(ds, vq_path, steps=vq_steps or (20 if quick else 1100))
     ev = eval_vq(vq, ds["images"][ds["heldout"]])
     figures["vq"] = ev
     log(f"VQ held-out: MSE {ev['mse']:.5f} PSNR {ev['psnr']:.2f} dB, codes used {ev['codes_used']}/{ev['codebook_size']}")
@@ -407,7 +404,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     if os.path.exists(tok_path):
         tok = load_file(tok_path)
     else:
-        tok = tokenize(vq, ds, copies=copies if copies is not None else (1 if quick else 8))
+        tok = tokenize(vq, ds, copies=copies if copies is not None else (1 if quick else 16))
         save_file({k: v.contiguous() for k, v in tok.items()}, tok_path)
     tok["train_tokens"] = tok["train_tokens"].long()
     tok["heldout_tokens"] = tok["heldout_tokens"].long()
@@ -444,7 +441,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     if os.path.exists(os.path.join(here, "train.py")):
         cmd = [sys.executable, "-m", "ssd_core", "train-heads", "--model", model_dir,
                "--out", os.path.join(model_dir, "heads.safetensors"),
-               "--samples", "16" if quick else "512", "--epochs", "1" if quick else "4"]
+               "--samples", "16" if quick else "256", "--epochs", "1" if quick else "4"]
         log("  " + " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=os.path.dirname(here))
     else:

@@ -98,12 +98,13 @@ class VQModel(nn.Module):
 
     # --- codes -----------------------------------------------------------------------------
     def _latent(self, images):
-        return F.normalize(self.encoder(images * 2 - 1), dim=1)
+        return F.normalize(self.encoder(images * 2 - 1).float(), dim=1)
 
-    def _lookup(self, z):  # z: [B,D,H,W] normalised -> codes [B,H,W]
+    def _lookup(self, z):  # z: [B,D,H,W] normalised -> codes [B,H,W] (fp32, also under autocast)
         B, D, H, W = z.shape
-        flat = z.permute(0, 2, 3, 1).reshape(-1, D)
-        codes = (flat @ self.codebook.t().to(flat.dtype)).argmax(dim=1)
+        with torch.autocast(z.device.type, enabled=False):
+            flat = z.permute(0, 2, 3, 1).reshape(-1, D).float()
+            codes = (flat @ self.codebook.t().float()).argmax(dim=1)
         return codes.view(B, H, W)
 
     @torch.no_grad()
@@ -134,6 +135,7 @@ class VQModel(nn.Module):
         return self.decoder(zq), commit, codes
 
     @torch.no_grad()
+    @torch.autocast("cpu", enabled=False)
     def _ema_update(self, z, codes):
         K = self.codebook.shape[0]
         D = z.shape[1]
