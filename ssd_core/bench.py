@@ -142,8 +142,8 @@ def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
             save_image(sheet([r.image for r in runs]), out_dir / f"samples_{label.replace(' ', '').replace('=', '')}.png")
         save_image(sheet([status_image(r.trace.to_dict(), cell=4) for r in runs]),
                    out_dir / f"status_{label.replace(' ', '').replace('=', '')}.png")
-    if results["ar"][0].image is not None:  # one row per decoder, the same prompts and seeds in columns
-        rows = [sheet([r.image for r in results[label]]) for label in labels]
+    if results["ar"][0].image is not None:  # one labelled row per decoder, the same prompts and seeds in columns
+        rows = [labelled(sheet([r.image for r in results[label]]), label) for label in labels]
         width = max(r.shape[1] for r in rows)
         import numpy as np
 
@@ -154,3 +154,14 @@ def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
             y += r.shape[0]
         save_image(grid, out_dir / "samples_all_decoders.png")
     log(f"wrote PNGs for {n} images x {len(labels)} decoders into {out_dir}")
+
+
+def labelled(image, text: str, width: int = 84):
+    """A row image with its label written in a white column on the left."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    h = image.shape[0]
+    pad = Image.new("RGB", (width, h), (255, 255, 255))
+    ImageDraw.Draw(pad).text((6, h // 2 - 6), text, fill=(0, 0, 0))
+    return np.concatenate([np.asarray(pad, dtype=np.float32) / 255.0, image], axis=1)
