@@ -202,12 +202,16 @@ def soft_empty_cache():
 
 class Progress:
     """ComfyUI's progress bar (with previews) and the live ``ssd.grid`` events; no-ops without
-    ComfyUI. ``send`` is throttled to ``min_interval`` seconds unless ``force``."""
+    ComfyUI. Both are throttled (every progress update costs ComfyUI two websocket messages):
+    ``update`` to ``bar_interval`` seconds unless it carries a preview or ends the run, ``send``
+    to ``min_interval`` seconds unless ``force``."""
 
-    def __init__(self, total, node_id=None, min_interval=0.05):
+    def __init__(self, total, node_id=None, min_interval=0.05, bar_interval=0.1):
         self.node_id = node_id
         self.min_interval = min_interval
+        self.bar_interval = bar_interval
         self._last_send = 0.0
+        self._last_bar = 0.0
         self.sent = 0
         try:
             import comfy.utils
@@ -224,6 +228,10 @@ class Progress:
         if self.bar is None or processing_interrupted():
             # leave the cancel to the engine's should_cancel, which keeps the model usable
             return
+        now = time.monotonic()
+        if preview is None and value < total and now - self._last_bar < self.bar_interval:
+            return
+        self._last_bar = now
         self.bar.update_absolute(value, total, preview)
 
     def due(self):

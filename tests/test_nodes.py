@@ -324,12 +324,12 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
-    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1)
+    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL)
     run(ref, prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
     a, b = seen
     assert a["prompt"] == 1 and b["prompt"] == 1
-    assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"], a["grid"]) == (None, None, None, None, None)
-    assert b["grid"] == (12, 12)
+    assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"]) == (None, None, None, None)
+    assert a["grid"] == b["grid"] == (12, 12)
     assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"]) == (2.5, 0.0, 5, 0.9)
     assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
     assert callable(a["on_step"]) and callable(a["should_cancel"])
@@ -393,8 +393,8 @@ def test_heads_of_another_model_are_refused(ref, tmp_path, monkeypatch):
 
 def test_progress_previews_and_live_events(ref, fake_comfy, monkeypatch):
     monkeypatch.setattr(sampler_mod, "PREVIEW_INTERVAL_S", 0.0)
-    H, W = ref.model.default_grid
-    out = run(ref, decoder="ssd", unique_id="12")
+    H, W = 12, 12
+    out = run(ref, decoder="ssd", unique_id="12", grid=SMALL)
     values = [v for v, _ in fake_comfy.progress]
     assert values == sorted(values) and values[-1] == H * W
     assert all(t == H * W for _, t in fake_comfy.progress)
@@ -456,7 +456,7 @@ def test_trace_to_image_errors():
 
 
 def test_trace_to_image_of_a_real_run(ref):
-    trace = run(ref, decoder="ssd")["result"][1]
+    trace = run(ref, decoder="ssd", grid=SMALL)["result"][1]
     H, W = trace["grid"]
     (img,) = nodes.SSDTraceToImage().render(trace, 8, "status", True)
     assert img.shape == (1, H * 8, W * 8, 3)
