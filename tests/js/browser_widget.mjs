@@ -40,7 +40,8 @@ async function seedSettings() {
   const r = await fetch(`${URL}/api/settings`, {
     method: "POST",
     headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ "Comfy.TutorialCompleted": true, "Comfy.Canvas.NavigationMode": "custom" }),
+    body: JSON.stringify({ "Comfy.TutorialCompleted": true, "Comfy.Canvas.NavigationMode": "custom",
+    "Comfy.Minimap.Visible": false }),
   });
   result.seededSettings = r.status;
 }
