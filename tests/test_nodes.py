@@ -41,26 +41,35 @@ trace_mod = importlib.import_module(PACK + ".nodes.trace")
 REF_DIR = ROOT / "ssd_core" / "reference" / "model"
 
 
-def bundled_missing():
+def model_missing():
     if not (REF_DIR / "config.json").is_file():
         return f"the bundled reference model is absent ({REF_DIR}/config.json)"
     if not any(REF_DIR.glob("*.safetensors")) and not any(REF_DIR.glob("*.bin")):
         return f"the bundled reference model's weights are absent from {REF_DIR}"
+    return None
+
+
+def heads_missing():
     if not (REF_DIR / "heads.safetensors").is_file():
         return f"the bundled heads are absent ({REF_DIR}/heads.safetensors)"
     return None
 
 
-needs_bundled = pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+@pytest.fixture(scope="module")
+def ref_model():
+    """The bundled model through the loader node, without heads (ar, sjd, zipar)."""
+    if model_missing():
+        pytest.skip(model_missing())
+    (m,) = nodes.SSDLoadModel().load("reference", "auto", "cpu")
+    return m
 
 
 @pytest.fixture(scope="module")
-def ref():
+def ref(ref_model):
     """The bundled model with its bundled heads, through the two loader nodes."""
-    if bundled_missing():
-        pytest.skip(bundled_missing())
-    (m,) = nodes.SSDLoadModel().load("reference", "auto", "cpu")
-    (mh,) = nodes.SSDLoadHeads().load(m, "reference")
+    if heads_missing():
+        pytest.skip(heads_missing())
+    (mh,) = nodes.SSDLoadHeads().load(ref_model, "reference")
     return mh
 
 
@@ -309,13 +318,13 @@ def test_sampler_exact_matches_ar_and_seed_matters(ref):
 
 
 @pytest.mark.parametrize("decoder", ["sjd", "zipar"])
-def test_sampler_peers_without_heads(ref, decoder):
-    (bare,) = nodes.SSDLoadHeads().load(ref, "none")
-    out = run(bare, decoder=decoder, grid=SMALL)
+def test_sampler_peers_without_heads(ref_model, decoder):
+    out = run(ref_model, decoder=decoder, grid=SMALL)
     assert out["result"][1]["decoder"] == decoder
 
 
-def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
+def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
+    ref = ref_model
     seen = []
     real = core.generate
 
@@ -324,8 +333,8 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
-    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL)
-    run(ref, prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
+    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
+    run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
     a, b = seen
     assert a["prompt"] == 1 and b["prompt"] == 1
     assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"]) == (None, None, None, None)
@@ -337,9 +346,9 @@ def test_sampler_passes_settings_and_class_names(ref, monkeypatch):
     assert big["result"][1]["seed"] == 0xFFFFFFFFFFFFFFFF
 
 
-def test_sampler_grid_option(ref):
-    small = run(ref, decoder="ssd", grid="8x8")
-    wide = run(ref, decoder="ssd", grid="8x12")
+def test_sampler_grid_option(ref_model):
+    small = run(ref_model, decoder="zipar", grid="8x8")
+    wide = run(ref_model, decoder="zipar", grid="8x12")
     assert small["result"][1]["grid"] == [8, 8] and wide["result"][1]["grid"] == [8, 12]
     assert small["result"][0].shape[1] == wide["result"][0].shape[1]
     assert small["result"][0].shape[2] * 12 == wide["result"][0].shape[2] * 8
@@ -353,13 +362,13 @@ def test_sampler_grid_option(ref):
     (dict(grid="huge"), "grid"),
     (dict(grid="4096x4096"), "grid"),
 ])
-def test_sampler_errors_say_what_to_do(ref, kw, match):
+def test_sampler_errors_say_what_to_do(ref_model, kw, match):
     with pytest.raises(ValueError, match=match):
-        run(ref, **kw)
+        run(ref_model, **{"decoder": "ar", **kw})
 
 
-def test_sampler_needs_heads_for_ssd(ref):
-    (bare,) = nodes.SSDLoadHeads().load(ref, "none")
+def test_sampler_needs_heads_for_ssd(ref_model):
+    (bare,) = nodes.SSDLoadHeads().load(ref_model, "none")
     for decoder in ("ssd", "ssd-exact"):
         with pytest.raises(core.SSDError, match="Load SSD Heads"):
             run(bare, decoder=decoder)
@@ -367,7 +376,8 @@ def test_sampler_needs_heads_for_ssd(ref):
         run("nothing")
 
 
-def test_bad_heads_file_is_refused(ref, tmp_path, monkeypatch):
+def test_bad_heads_file_is_refused(ref_model, tmp_path, monkeypatch):
+    ref = ref_model
     (tmp_path / "broken.safetensors").write_bytes(b"this is not a safetensors file" * 10)
     monkeypatch.setenv("SSD_HEADS_DIR", str(tmp_path))
     with pytest.raises(ValueError):
@@ -391,10 +401,11 @@ def test_heads_of_another_model_are_refused(ref, tmp_path, monkeypatch):
     assert folder.is_dir()
 
 
-def test_progress_previews_and_live_events(ref, fake_comfy, monkeypatch):
+def test_progress_previews_and_live_events(ref_model, fake_comfy, monkeypatch):
+    ref = ref_model
     monkeypatch.setattr(sampler_mod, "PREVIEW_INTERVAL_S", 0.0)
     H, W = 12, 12
-    out = run(ref, decoder="ssd", unique_id="12", grid=SMALL)
+    out = run(ref, decoder="zipar", unique_id="12", grid=SMALL)
     values = [v for v, _ in fake_comfy.progress]
     assert values == sorted(values) and values[-1] == H * W
     assert all(t == H * W for _, t in fake_comfy.progress)
@@ -410,15 +421,17 @@ def test_progress_previews_and_live_events(ref, fake_comfy, monkeypatch):
     assert grid_events[-1]["done"] is True and grid_events[-1] == {**out["ui"]["ssd_trace"][0], "node": "12"}
 
 
-def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref, fake_comfy):
+def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref_model, fake_comfy):
+    ref = ref_model
     fake_comfy.interrupt_after = 3
     with pytest.raises(fake_comfy.InterruptProcessingException):
         run(ref, decoder="ar")
     fake_comfy.interrupt_after = None
-    assert run(ref, decoder="ssd", grid=SMALL)["result"][1]["steps"] > 0
+    assert run(ref, decoder="ar", grid=SMALL)["result"][1]["steps"] > 0
 
 
-def test_cancel_outside_comfyui(ref, monkeypatch):
+def test_cancel_outside_comfyui(ref_model, monkeypatch):
+    ref = ref_model
     monkeypatch.setattr(comfy_glue, "processing_interrupted", lambda: True)
     with pytest.raises(InterruptedError):
         run(ref, decoder="ar")
