@@ -43,8 +43,10 @@ def comfy_missing():
 
 def bundled_missing():
     ref = Path(os.environ.get("SSD_COMFYUI_PACK", ROOT)) / "ssd_core" / "reference" / "model"
-    if not (ref / "config.json").is_file() or not (ref / "heads.safetensors").is_file():
-        return f"the bundled reference model is absent ({ref})"
+    if not (ref / "config.json").is_file():
+        return f"the bundled reference model is absent ({ref}/config.json)"
+    if not (ref / "heads.safetensors").is_file():
+        return f"the bundled heads are absent ({ref}/heads.safetensors): the example workflow needs them"
     return None
 
 
