@@ -29,6 +29,11 @@ from .vq import VQModel, load_vq, save_vq
 
 GRID = 24
 SEED = 0
+# the AR schedule of the shipped model (see run_recipe)
+AR_STEPS = 2189      # nominal cosine length of phase 1
+AR_STOP = 700        # phase 1 ends here
+AR_COOL_STEPS = 978  # phase 2 (cool-down) length
+AR_COOL_LR = 8e-4
 
 AR_CONFIG = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8,
                  intermediate_size=688, max_position_embeddings=1024, rope_theta=10000.0,
@@ -212,15 +217,24 @@ def save_ar(model, out_dir: str, lay: dict, class_names: list[str], extra: dict 
 def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int = 16, lr: float = 1.5e-3,
              warmup: int = 100, eval_every: int = 100, cfg_drop: float = 0.1, seed: int = SEED,
              class_names: list[str] | None = None, model_overrides: dict | None = None,
-             deadline: float | None = None, bf16: bool = True, budget_s: float | None = None) -> dict:
+             deadline: float | None = None, bf16: bool = True, budget_s: float | None = None,
+             stop_after: int | None = None, init: str | None = None) -> dict:
     """Trains with AdamW + cosine; evaluates held-out NLL every `eval_every` steps and keeps the
     best checkpoint (fp16) in out_dir/best. `deadline` (unix time) stops early, best kept.
     `budget_s`: after 20 steps, re-size `steps` so that training fits the budget (the cosine then
-    runs over the new step count; the count used is recorded). bf16 autocast (AMX on this CPU)."""
+    runs over the new step count; the count used is recorded). bf16 autocast (AMX on this CPU).
+    `stop_after`: end after that many steps (the schedule is unchanged).
+    `init` (a saved model folder): the cool-down phase: start from it, lr from `lr` linearly to 0
+    over `steps` after a 20-step warmup (fresh AdamW moments)."""
     _seed(seed)
     g = torch.Generator().manual_seed(seed)
     lay = layout(num_classes)
-    model = build_ar(num_classes, **(model_overrides or {}))
+    if init:
+        from transformers import LlamaForCausalLM
+        model = LlamaForCausalLM.from_pretrained(init, dtype=torch.float32)
+        warmup = 20
+    else:
+        model = build_ar(num_classes, **(model_overrides or {}))
     nparam = sum(p.numel() for p in model.parameters())
     log(f"AR model: {nparam / 1e6:.2f} M parameters, vocab {lay['vocab_size']}, steps {steps}, batch {batch}")
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -236,7 +250,10 @@ def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int =
     pos = 0
     for step in range(10 ** 9):  # ends at `last` (steps may be re-sized)
         model.train()
-        cur = lr * min(1.0, (step + 1) / warmup) * (0.5 * (1 + math.cos(math.pi * min(1.0, step / steps))) * 0.9 + 0.1)
+        if init:
+            cur = lr * min(1.0, (step + 1) / warmup) * (1 - step / steps)
+        else:
+            cur = lr * min(1.0, (step + 1) / warmup) * (0.5 * (1 + math.cos(math.pi * min(1.0, step / steps))) * 0.9 + 0.1)
         for grp in opt.param_groups:
             grp["lr"] = cur
         if pos + batch > len(perm):
@@ -257,7 +274,8 @@ def train_ar(tok: dict, num_classes: int, out_dir: str, steps: int, batch: int =
             rate = (time.time() - t0) / 20
             steps = max(40, int(20 + (budget_s - (time.time() - t0)) / rate * 0.93))
             log(f"ar: {rate:.2f} s/step -> {steps} steps fit the budget of {budget_s / 60:.0f} min")
-        last = step == steps - 1 or (deadline is not None and time.time() > deadline)
+        last = (step == steps - 1 or (deadline is not None and time.time() > deadline)
+                or (stop_after is not None and step == stop_after - 1))
         if step % 10 == 0 or last:
             el = time.time() - t0
             log(f"ar step {step}/{steps} loss {loss.item():.4f} lr {cur:.2e} {el / (step + 1):.2f} s/step "
@@ -418,10 +436,22 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     deadline = time.time() + minutes * 60 if minutes else None
     over = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4,
             "num_key_value_heads": 4} if quick else None
-    best = train_ar(tok, C, ar_dir, steps=ar_steps or (20 if quick else 3000), batch=ar_batch,
-                    eval_every=10 if quick else 100, class_names=ds["class_names"], model_overrides=over,
-                    deadline=deadline)
+    # phase 1: cosine nominally over AR_STEPS, stopped after AR_STOP steps (its fp16 'last' checkpoint);
+    # phase 2: cool-down from that checkpoint, lr AR_COOL_LR -> 0 linearly over AR_COOL_STEPS steps.
+    # These are the step counts the shipped model went through (sized to a CPU time budget).
+    n_all = ar_steps or (40 if quick else AR_STEPS)
+    n_stop = max(10, n_all * AR_STOP // AR_STEPS)
+    n_cool = max(10, n_all * AR_COOL_STEPS // AR_STEPS)
+    p1 = train_ar(tok, C, ar_dir, steps=n_all, stop_after=n_stop, batch=ar_batch,
+                  eval_every=10 if quick else 100, class_names=ds["class_names"], model_overrides=over,
+                  deadline=deadline)
+    best = train_ar(tok, C, ar_dir + "2", steps=n_cool, lr=AR_COOL_LR, batch=ar_batch,
+                    eval_every=10 if quick else 50, class_names=ds["class_names"],
+                    init=os.path.join(ar_dir, "last"), seed=SEED + 1, deadline=deadline)
+    best["train_seconds"] += p1["train_seconds"]
+    best["phase1"] = p1
     figures["ar"] = best
+    ar_dir = ar_dir + "2"
     model_dir = os.path.join(out, "model")
     if os.path.exists(model_dir):
         shutil.rmtree(model_dir)
