@@ -54,12 +54,14 @@ def run_bench(model, heads, args, log=print) -> dict:
         log(f"image {i + 1}/{len(prompts)} done")
     ar = results["ar"]
     ar_nll = statistics.median([a.trace.nll for a in ar])
+    ar_full = statistics.median([a.trace.nll_full for a in ar])
     rows = []
     for label, decoder, _ in variants:
         runs = results[label]
         steps = [r.trace.steps for r in runs]
         walls = [r.trace.timings["wall"] - r.trace.timings["prefill"] for r in runs]
         nlls = [r.trace.nll for r in runs]
+        fulls = [r.trace.nll_full for r in runs]
         ar_steps = [a.trace.steps for a in ar]
         ar_walls = [a.trace.timings["wall"] - a.trace.timings["prefill"] for a in ar]
         exactness = None
@@ -72,6 +74,9 @@ def run_bench(model, heads, args, log=print) -> dict:
             "wall_s": round(statistics.median(walls), 4), "nll": round(statistics.median(nlls), 4),
             "nll_gap": round((statistics.median(nlls) - ar_nll) / ar_nll, 4),  # of the medians over images
             "identical_to_ar": exactness,
+            "nll_full": round(statistics.median(fulls), 4),
+            "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
+            "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
         })
     report = {"model": str(args.model), "images": len(prompts), "grid": list(ar[0].tokens.shape),
@@ -88,13 +93,15 @@ def run_bench(model, heads, args, log=print) -> dict:
 
 
 def print_table(report: dict, log=print) -> None:
-    head = f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}{'accept':>8}  identical"
+    head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
-            f"{r['nll']:>9.4f}{r['nll_gap'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
+            f"{r['nll']:>9.4f}{r['nll_gap'] * 100:>8.2f}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
+            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
     if "verify_cost" in report:
         log("verify forward cost relative to a 1-token forward: " +
             ", ".join(f"{k} tokens {v:.2f}x" for k, v in report["verify_cost"].items()))

@@ -63,7 +63,7 @@ def cmd_generate(args) -> int:
                       window=args.window, grid=_grid(args.grid))
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
-          f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f}, {tr.counts}")
+          f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
     if args.out:
         if result.image is None:
             print("this model has no pixel decoder: no image written (use --trace for the tokens)")

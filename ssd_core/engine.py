@@ -204,7 +204,8 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
         tr.peak_memory_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if score:
         t1 = _now(dev)
-        tr.nll = sequence_nll(model, prompt, layout, run.ids, run.codes, settings)
+        fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes, settings)
+        tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
         timings["score"] = _now(dev) - t1
     return run, tr
 
@@ -227,17 +228,25 @@ def sequence_logits(model: GridModel, prompt: Prompt, ids: torch.Tensor) -> tupl
 
 
 def sequence_nll(model: GridModel, prompt: Prompt, layout: Layout, ids: torch.Tensor, codes: torch.Tensor,
-                 settings: SamplerSettings) -> float:
-    """Mean per-token NLL of the image tokens under the base model with the run's sampler settings.
+                 settings: SamplerSettings) -> dict:
+    """Fidelity of a finished image under the base model (guided logits, one teacher-forced forward).
 
-    Greedy runs (temperature 0) are scored at temperature 1 so that the figure stays finite.
+    nll: mean per-token NLL with the run's sampler settings (temperature, top-k, top-p); infinite when a
+      token lies outside the top-k / top-p set of its final context (a lossy decoder can write such tokens);
+    nll_full: the same with temperature and CFG but no truncation, finite for every decoder;
+    out_of_support: the share of tokens the run's sampler settings could not have produced.
+    Greedy runs (temperature 0) are scored at temperature 1 so that the figures stay finite.
     """
     from .sampling import guide
 
     _, logits = sequence_logits(model, prompt, ids)
-    scoring = settings if settings.temperature > 0 else SamplerSettings(
-        settings.seed, settings.cfg, 1.0, settings.top_k, settings.top_p)
+    t = settings.temperature if settings.temperature > 0 else 1.0
+    scoring = SamplerSettings(settings.seed, settings.cfg, t, settings.top_k, settings.top_p)
+    full = SamplerSettings(settings.seed, settings.cfg, t, 0, 1.0)
     image = layout.forced < 0
-    logp = log_probs(guide(logits, settings.cfg)[image], scoring)
-    picked = logp.gather(-1, codes[image].to(logp.device)[:, None]).squeeze(-1)
-    return float(-picked.mean())
+    guided = guide(logits, settings.cfg)[image]
+    target = codes[image].to(guided.device)[:, None]
+    picked = log_probs(guided, scoring).gather(-1, target).squeeze(-1)
+    picked_full = log_probs(guided, full).gather(-1, target).squeeze(-1)
+    return {"nll": float(-picked.mean()), "nll_full": float(-picked_full.mean()),
+            "out_of_support": float(torch.isinf(picked).float().mean())}

@@ -39,6 +39,8 @@ class Trace:
     finalize_forwards: int = 0
     peak_memory_mb: float = 0.0
     nll: float | None = None
+    nll_full: float | None = None
+    out_of_support: float | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -69,5 +71,6 @@ class Trace:
             "prefill_s": round(self.timings.get("prefill", 0.0), 4), "wall_s": round(self.timings.get("wall", 0.0), 4),
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": self.nll,
+            "nll_full": self.nll_full, "out_of_support": self.out_of_support,
             "seed": self.settings.get("seed"), "settings": self.settings,
         }

@@ -161,7 +161,18 @@ def test_trace_json_keys(tiny):
         assert key in d
     assert d["grid"] == [H, W] and len(d["tokens"]) == H and len(d["status"][0]) == W
     assert set(s for row in d["status"] for s in row) <= {"ar", "accepted", "corrected", "forced"}
-    assert d["nll"] > 0
+    assert d["nll"] > 0 and d["nll_full"] > 0 and 0 <= d["out_of_support"] <= 1
+
+
+def test_top_k_fidelity_figures(tiny):
+    """With top-k, ar never writes a token outside the kept set; nll_full is finite for every decoder."""
+    model, heads = tiny
+    ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=2, top_k=3).trace
+    assert ar.out_of_support == 0.0 and math.isfinite(ar.nll) and ar.nll_full >= ar.nll - 1e-6
+    for decoder in ("ssd", "zipar"):
+        tr = ssd_core.generate(model, heads, prompt=1, decoder=decoder, seed=2, top_k=3, verify_rounds=0).trace
+        assert math.isfinite(tr.nll_full)
+        assert (tr.out_of_support > 0) == math.isinf(tr.nll)
 
 
 def test_layout_row_end_positions():
