@@ -3,6 +3,8 @@
 The palette and the status codes here are the same as in web/ssd_grid_core.js (a test checks).
 """
 
+import math
+
 import torch
 
 # status code in the compact string -> name; order is the code (pending = "0")
@@ -16,6 +18,12 @@ PALETTE = {
     "forced": (88, 166, 255),
 }
 BACKGROUND = (20, 20, 20)
+
+
+def _finite(x):
+    """JSON has no Infinity / NaN (a browser refuses the whole message): those become None."""
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def encode_status(status):
@@ -53,8 +61,8 @@ def compact(trace, done=True):
         "grid": [h, w],
         "status": encode_status(trace["status"]),
         "steps": int(trace.get("steps", 0)),
-        "wall_s": float(trace.get("wall_s", 0.0) or 0.0),
-        "prefill_s": float(trace.get("prefill_s", 0.0) or 0.0),
+        "wall_s": _finite(trace.get("wall_s", 0.0) or 0.0),
+        "prefill_s": _finite(trace.get("prefill_s", 0.0) or 0.0),
         "counts": {k: int(v) for k, v in (trace.get("counts") or {}).items()},
         "seed": trace.get("seed"),
     }
@@ -64,7 +72,7 @@ def compact(trace, done=True):
         out["round"] = _flat(trace["round"])
     for key in ("tokens_per_step", "nll"):
         if trace.get(key) is not None:
-            out[key] = float(trace[key])
+            out[key] = _finite(trace[key])
     return out
 
 

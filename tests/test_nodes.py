@@ -300,7 +300,7 @@ def test_sampler_ar_and_ssd(ref):
         small = out["ui"]["ssd_trace"][0]
         assert len(small["status"]) == H * W and small["done"] is True
         assert len(small["step"]) == H * W and len(small["round"]) == H * W
-        json.dumps(out["ui"])
+        json.dumps(out["ui"], allow_nan=False)  # browsers refuse Infinity / NaN
         assert f"{H}x{W}" in stats and "steps" in stats and "seed 7" in stats
     assert ar["result"][1]["steps"] in (H * W - 1, H * W)  # the prefill may write the first token
     assert ssd["result"][1]["steps"] < ar["result"][1]["steps"]
@@ -475,6 +475,15 @@ def test_trace_to_image_of_a_real_run(ref):
     assert img.shape == (1, H * 8, W * 8, 3)
     colours = {tuple((img[0, r * 8 + 4, c * 8 + 4] * 255).round().int().tolist()) for r in range(H) for c in range(W)}
     assert tuple(trace_mod.PALETTE["accepted"]) in colours
+
+
+def test_compact_trace_is_strict_json():
+    t = fake_trace()
+    t.update(nll=float("inf"), wall_s=float("nan"), tokens_per_step=3.0)
+    small = trace_mod.compact(t)
+    json.dumps(small, allow_nan=False)
+    assert small["nll"] is None and small["wall_s"] is None and small["tokens_per_step"] == 3.0
+    assert "nll inf" in trace_mod.stats_text(t)
 
 
 def test_stats_text():
