@@ -7,16 +7,12 @@ import math
 
 import torch
 
+from ..ssd_core.images import STATUS_COLORS
+
 # status code in the compact string -> name; order is the code (pending = "0")
 STATUS_NAMES = ("pending", "ar", "accepted", "corrected", "forced")
 STATUS_CODE = {name: str(i) for i, name in enumerate(STATUS_NAMES)}
-PALETTE = {
-    "pending": (43, 43, 43),
-    "ar": (138, 143, 152),
-    "accepted": (63, 185, 80),
-    "corrected": (240, 136, 62),
-    "forced": (88, 166, 255),
-}
+PALETTE = STATUS_COLORS
 BACKGROUND = (20, 20, 20)
 
 
@@ -104,8 +100,13 @@ def stats_text(trace):
     kinds = ", ".join(f"{k} {counts[k]}" for k in STATUS_NAMES if counts.get(k))
     if kinds:
         parts.append(kinds)
-    if trace.get("nll") is not None:
-        parts.append(f"nll {float(trace['nll']):.3f}")
+    nll, full = trace.get("nll"), trace.get("nll_full")
+    if nll is not None and math.isfinite(float(nll)):
+        parts.append(f"nll {float(nll):.3f}")
+    elif full is not None:  # a token outside top-k / top-p: the untruncated figure says more
+        parts.append(f"nll inf (untruncated {float(full):.3f})")
+    elif nll is not None:
+        parts.append("nll inf")
     parts.append(f"seed {trace.get('seed')}")
     return " | ".join(parts)
 

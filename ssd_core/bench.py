@@ -10,6 +10,7 @@ import torch
 
 from .api import generate
 from .errors import SSDError
+from .trace import finite_or_none
 
 
 def _variants(args) -> list[tuple[str, str, int]]:
@@ -71,8 +72,8 @@ def run_bench(model, heads, args, log=print) -> dict:
             "decoder": label, "steps": statistics.median(steps),
             "step_ratio": round(statistics.median([a / max(s, 1) for a, s in zip(ar_steps, steps)]), 3),
             "wall_ratio": round(statistics.median([a / max(w, 1e-9) for a, w in zip(ar_walls, walls)]), 3),
-            "wall_s": round(statistics.median(walls), 4), "nll": round(statistics.median(nlls), 4),
-            "nll_gap": round((statistics.median(nlls) - ar_nll) / ar_nll, 4),  # of the medians over images
+            "wall_s": round(statistics.median(walls), 4), "nll": finite_or_none(round(statistics.median(nlls), 4)),
+            "nll_gap": finite_or_none(round((statistics.median(nlls) - ar_nll) / ar_nll, 4)),  # of the medians
             "identical_to_ar": exactness,
             "nll_full": round(statistics.median(fulls), 4),
             "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
@@ -100,7 +101,7 @@ def print_table(report: dict, log=print) -> None:
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
-            f"{r['nll']:>9.4f}{r['nll_gap'] * 100:>8.2f}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
+            f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
     if "verify_cost" in report:
         log("verify forward cost relative to a 1-token forward: " +
@@ -172,3 +173,7 @@ def labelled(image, text: str, width: int = 84):
     pad = Image.new("RGB", (width, h), (255, 255, 255))
     ImageDraw.Draw(pad).text((6, h // 2 - 6), text, fill=(0, 0, 0))
     return np.concatenate([np.asarray(pad, dtype=np.float32) / 255.0, image], axis=1)
+
+
+def _num(value, scale: float) -> str:
+    return "inf" if value is None else f"{value * scale:.{4 if scale == 1 else 2}f}"

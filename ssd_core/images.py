@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# status -> RGB (shared with web/ssd_grid_core.js)
-STATUS_COLORS = {"pending": (236, 236, 236), "ar": (120, 144, 170), "accepted": (46, 180, 90),
-                 "corrected": (235, 120, 40), "forced": (70, 70, 70)}
+# status -> RGB: the one palette of the pack (nodes/trace.py uses it; web/ssd_grid_core.js matches, tested)
+STATUS_COLORS = {"pending": (43, 43, 43), "ar": (138, 143, 152), "accepted": (63, 185, 80),
+                 "corrected": (240, 136, 62), "forced": (88, 166, 255)}
 
 
 def to_uint8(image) -> np.ndarray:

@@ -1,12 +1,18 @@
 """What a run reports: how each cell became final, and per-run figures (spec section 6)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 STATUSES = ("pending", "ar", "accepted", "corrected", "forced")
 PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
+
+
+def finite_or_none(x):
+    """JSON has no Infinity: an infinite NLL (a token outside top-k / top-p) is written as null."""
+    return x if x is None or math.isfinite(x) else None
 
 
 @dataclass
@@ -70,7 +76,7 @@ class Trace:
             "acceptance_by_round": {str(k): v for k, v in self.acceptance_by_round().items()},
             "prefill_s": round(self.timings.get("prefill", 0.0), 4), "wall_s": round(self.timings.get("wall", 0.0), 4),
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
-            "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": self.nll,
+            "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": finite_or_none(self.nll),
             "nll_full": self.nll_full, "out_of_support": self.out_of_support,
             "seed": self.settings.get("seed"), "settings": self.settings,
         }

@@ -484,6 +484,8 @@ def test_compact_trace_is_strict_json():
     json.dumps(small, allow_nan=False)
     assert small["nll"] is None and small["wall_s"] is None and small["tokens_per_step"] == 3.0
     assert "nll inf" in trace_mod.stats_text(t)
+    t.update(nll=None, nll_full=2.5)  # as the engine writes it: null, with the untruncated figure
+    assert "nll inf (untruncated 2.500)" in trace_mod.stats_text(t)
 
 
 def test_stats_text():
