@@ -35,6 +35,7 @@ class Run:
         self.end = 0  # window = [session.cached, end)
         self.start = 0  # the window's first slot in the step being decided
         self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
+        self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
         self.steps = 0
         self.head_calls = 0
         self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
@@ -65,6 +66,8 @@ class Run:
 
     # ---- token writes ------------------------------------------------------------------------
     def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft: bool = True) -> None:
+        changed = self.codes[slots] != codes  # the round in which a slot took its current value
+        self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
         self.codes[slots] = codes
         self.ids[slots] = self.model.code_to_id(codes.to(self.ids.device)).cpu()
         if draft:
@@ -74,7 +77,7 @@ class Run:
     def finalize(self, slots: torch.Tensor) -> None:
         """Mark image slots final with their current token; the status follows from the first draft.
 
-        round = the verification forwards the slot went through before it became final, minus one."""
+        round = the verification round (0 = the first check) in which the slot took its final value."""
         if slots.numel() == 0:
             return
         drafted, codes = self.drafted[slots], self.codes[slots]
@@ -82,7 +85,7 @@ class Run:
         self.status[slots] = st.to(torch.int8)
         self.final[slots] = True
         self.step_of[slots] = self.steps
-        self.round_of[slots] = (self.verified[slots] - 1).clamp(min=0)
+        self.round_of[slots] = self.value_round[slots]
         for s in slots.tolist():
             self.q.pop(s, None)
 
