@@ -465,6 +465,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     write_heldout_file(model_dir, tok, ds, os.path.join(out, "heldout_tokens.safetensors"))
     # 5. heads  ------------------------------------------------------------------------------
     # the engine's self-distillation trainer, with the settings of the shipped heads (about 15 min here)
+    log("stage 5/5: draft heads")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-m", "ssd_core", "train-heads", "--model", model_dir,
            "--out", os.path.join(model_dir, "heads.safetensors"), "--seed", "0",
