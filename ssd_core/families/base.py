@@ -81,6 +81,18 @@ def capture_input(module: torch.nn.Module):
         handle.remove()
 
 
+def head_rows_logits(normed: torch.Tensor, head: torch.nn.Linear, rows) -> torch.Tensor:
+    """Logits of a vocabulary head restricted to its image rows (a slice or an index tensor).
+
+    The head may sit on another device than the features under a device_map.
+    """
+    weight = head.weight
+    rows = rows.to(weight.device) if isinstance(rows, torch.Tensor) else rows
+    out = normed.to(weight.device) @ weight[rows].t()
+    bias = getattr(head, "bias", None)
+    return out + bias[rows] if bias is not None else out
+
+
 class GridModel:
     """A base AR image model behind one contract. Subclasses set the attributes and override the hooks."""
 

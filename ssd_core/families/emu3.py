@@ -19,7 +19,7 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt
+from .base import GridModel, Layout, Prompt, head_rows_logits
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
 IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"
@@ -139,11 +139,7 @@ class Emu3Model(GridModel):
         return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        weight = self.model.lm_head.weight
-        rows = weight[self.image_ids.to(weight.device)]
-        out = normed.to(weight.device) @ rows.t()  # lm_head may sit on another device under a device_map
-        bias = getattr(self.model.lm_head, "bias", None)
-        return out + bias[self.image_ids.to(weight.device)] if bias is not None else out
+        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
 
     def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
         return self.image_ids.to(codes.device)[codes]

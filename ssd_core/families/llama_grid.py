@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt
+from .base import GridModel, Layout, Prompt, head_rows_logits
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")
@@ -76,8 +76,8 @@ class LlamaGridModel(GridModel):
         return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed):
-        weight = self.model.lm_head.weight[self.image_token_start:self.image_token_start + self.image_vocab_size]
-        return normed @ weight.t()
+        rows = slice(self.image_token_start, self.image_token_start + self.image_vocab_size)
+        return head_rows_logits(normed, self.model.lm_head, rows)
 
     def code_to_id(self, codes):
         return codes + self.image_token_start

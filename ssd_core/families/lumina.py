@@ -23,7 +23,7 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt
+from .base import GridModel, Layout, Prompt, head_rows_logits
 from .vqgan import VQGANDecoder, find_vqgan
 
 IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
@@ -158,9 +158,7 @@ class LuminaModel(GridModel):
         return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        weight = self.model.lm_head.weight
-        # lm_head may sit on another device under a device_map
-        return normed.to(weight.device) @ weight[self.image_ids.to(weight.device)].t()
+        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
 
     def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
         return self.image_ids.to(codes.device)[codes]
