@@ -6,6 +6,7 @@ import time
 import torch
 
 from .. import ssd_core
+from ..ssd_core.families.llama_grid import class_index
 from . import _comfy
 from . import trace as trace_mod
 from .loaders import SSDModel
@@ -16,34 +17,10 @@ PREVIEW_INTERVAL_S = 0.25
 
 
 def resolve_prompt(model, text):
-    """Class-conditional models take a class name or index; text models take the text."""
+    """Class-conditional models take a class name or index (resolved by the engine); text models the text."""
     names = getattr(model, "class_names", None)
     text = "" if text is None else str(text)
-    if names is None:
-        return text
-    t = text.strip()
-    example = f"e.g. '{names[0]}' or 0" if names else "e.g. 0"
-    if not t:
-        raise SSDError(f"this model draws one of {len(names)} classes: type a class name or index in "
-                       f"the prompt ({example}).")
-    if re.fullmatch(r"[+-]?\d+", t):
-        i = int(t)
-        if not 0 <= i < len(names):
-            raise SSDError(f"class index {i} is out of range: this model has classes 0..{len(names) - 1}.")
-        return i
-    low = t.lower()
-    exact = [i for i, n in enumerate(names) if str(n).lower() == low]
-    if exact:
-        return exact[0]
-    partial = [i for i, n in enumerate(names) if low in str(n).lower()]
-    if len(partial) == 1:
-        return partial[0]
-    shown = ", ".join(f"{i}: {n}" for i, n in enumerate(names[:30]))
-    more = f" ... ({len(names)} in all)" if len(names) > 30 else ""
-    if partial:
-        which = ", ".join(str(names[i]) for i in partial[:10])
-        raise SSDError(f"the prompt '{t}' matches several classes ({which}): type the full name or the index.")
-    raise SSDError(f"'{t}' is not a class of this model. Type a class name or index: {shown}{more}.")
+    return text if names is None else class_index(names, text)
 
 
 def parse_grid(text):

@@ -6,6 +6,7 @@ a class id (or a class name from `class_names`); the unconditional stream is the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -100,20 +101,8 @@ class LlamaGridModel(GridModel):
         return Layout.build(self.check_grid(grid), self.row_end_token)
 
     def class_id(self, prompt) -> int:
-        n = int(self.spec["num_classes"])
-        if isinstance(prompt, str):
-            text = prompt.strip()
-            if text.lstrip("-").isdigit():
-                prompt = int(text)
-            elif self.class_names and text.lower() in [c.lower() for c in self.class_names]:
-                prompt = [c.lower() for c in self.class_names].index(text.lower())
-            else:
-                names = ", ".join(self.class_names or [])
-                raise SSDError(f"prompt {prompt!r} is not a class of this model; give a class index 0..{n - 1}"
-                               + (f" or one of: {names}" if names else ""))
-        if not 0 <= int(prompt) < n:
-            raise SSDError(f"class {prompt} is out of range: this model has classes 0..{n - 1}")
-        return int(prompt)
+        names = self.class_names or [str(i) for i in range(int(self.spec["num_classes"]))]
+        return class_index(names, prompt)
 
     def build_prompt(self, prompt, negative_prompt, cfg, grid):
         cond = int(self.spec["class_token_start"]) + self.class_id(prompt)
@@ -133,3 +122,33 @@ class LlamaGridModel(GridModel):
         with torch.no_grad():
             img = self._vq.decode(tokens.long().cpu()[None])[0]  # [3, H_px, W_px]
         return img.permute(1, 2, 0).clamp(0, 1).float()
+
+
+def class_index(names: list, prompt) -> int:
+    """A class index from an int, a digit string, a class name, or a unique part of one."""
+    if isinstance(prompt, int):
+        text = str(prompt)
+    else:
+        text = str(prompt).strip()
+    example = f"e.g. '{names[0]}' or 0" if names else "e.g. 0"
+    if not text:
+        raise SSDError(f"this model draws one of {len(names)} classes: type a class name or index in "
+                       f"the prompt ({example}).")
+    if re.fullmatch(r"[+-]?\d+", text):
+        i = int(text)
+        if not 0 <= i < len(names):
+            raise SSDError(f"class {i} is out of range: this model has classes 0..{len(names) - 1}.")
+        return i
+    low = text.lower()
+    exact = [i for i, n in enumerate(names) if str(n).lower() == low]
+    if exact:
+        return exact[0]
+    partial = [i for i, n in enumerate(names) if low in str(n).lower()]
+    if len(partial) == 1:
+        return partial[0]
+    if partial:
+        which = ", ".join(str(names[i]) for i in partial[:10])
+        raise SSDError(f"the prompt '{text}' matches several classes ({which}): type the full name or the index.")
+    shown = ", ".join(f"{i}: {n}" for i, n in enumerate(names[:30]))
+    more = f" ... ({len(names)} in all)" if len(names) > 30 else ""
+    raise SSDError(f"prompt '{text}' is not a class of this model. Type a class name or index: {shown}{more}.")
