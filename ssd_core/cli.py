@@ -91,7 +91,12 @@ def cmd_train(args) -> int:
                                d["top_p"] if args.top_p is None else args.top_p)
     cfg = TrainConfig(samples=args.samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
                       ce_weight=args.ce_weight, seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch)
-    _, report = train_heads(model, args.out, cfg, settings)
+    grids = prompts = None
+    if args.grids:
+        from .train import read_grids
+
+        prompts, grids = read_grids(args.grids, model)
+    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts)
     print(json.dumps(report))
     print(f"wrote {args.out}")
     return 0
@@ -132,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ce-weight", type=float, default=0.1)
     t.add_argument("--batch", type=int, default=8, help="grids per optimiser step")
     t.add_argument("--gen-batch", type=int, default=8, help="grids generated at once")
+    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]) "
+                   "instead of sampling the model")
     t.set_defaults(func=cmd_train)
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)

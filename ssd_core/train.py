@@ -210,3 +210,27 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         heads.extra.update({k: str(v) for k, v in report.items()})
         heads.save(out_path)
     return heads, report
+
+
+def read_grids(path, model) -> tuple[list, torch.Tensor]:
+    """Training grids from a safetensors file: `tokens` [N, H, W] image codes and `classes` [N]
+    -> (prompts, per-slot codes [N, L] with -1 at forced slots) for `train_heads(grids=..., grid_prompts=...)`."""
+    from safetensors.torch import load_file
+
+    from .errors import SSDError
+
+    try:
+        data = load_file(str(path))
+    except Exception as err:
+        raise SSDError(f"cannot read training grids from {path} ({err}): give a safetensors file with "
+                       "'tokens' [N, H, W] and 'classes' [N]") from None
+    if "tokens" not in data or "classes" not in data:
+        raise SSDError(f"{path} needs the tensors 'tokens' [N, H, W] and 'classes' [N]; it has {sorted(data)}")
+    tokens, classes = data["tokens"].long(), data["classes"].long()
+    layout = model.layout(tuple(tokens.shape[1:]))
+    if layout.grid != model.default_grid:
+        raise SSDError(f"the grids in {path} are {layout.grid[0]}x{layout.grid[1]}; heads train on the model's "
+                       f"{model.default_grid[0]}x{model.default_grid[1]} grid")
+    codes = torch.full((tokens.shape[0], layout.num_slots), -1, dtype=torch.long)
+    codes[:, layout.slot_of_cell] = tokens.flatten(1)
+    return [int(c) for c in classes], codes
