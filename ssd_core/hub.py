@@ -41,6 +41,16 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "fp32": torch.float32, "float32": torch.float32}
 
 
+def first_id(*candidates) -> int | None:
+    """The first token id given among candidates (None skipped; a list stands for its first id)."""
+    for c in candidates:
+        if isinstance(c, (list, tuple)):
+            c = c[0] if c else None
+        if c is not None:
+            return int(c)
+    return None
+
+
 def parse_dtype(dtype) -> torch.dtype | None:
     """'bf16' / 'fp16' / 'fp32' / a torch.dtype / None or 'auto' (the checkpoint's own) -> torch.dtype | None."""
     if dtype is None or isinstance(dtype, torch.dtype):

@@ -119,7 +119,7 @@ class GridModel:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings of sequence ids [..., n] -> [..., n, d] (image ids and forced ids alike)."""
-        raise NotImplementedError
+        return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Final-normed features [..., d] -> logits over the image vocabulary [..., V_img]."""

@@ -92,11 +92,11 @@ class Emu3Model(GridModel):
         self.eoi_id = hub.token_id(vocab, tokenizer, IMAGE_END)
         tc = cfg.text_config
         gen = getattr(model, "generation_config", None)
-        self.bos_id = _first(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
+        self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
                              getattr(gen, "bos_token_id", None))
-        self.eos_id = _first(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
+        self.eos_id = hub.first_id(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
                              getattr(gen, "eos_token_id", None))
-        self.pad_id = _first(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
+        self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
         if self.bos_id is None or self.eos_id is None:
             raise SSDError(f"Emu3 model {folder or ''} lacks BOS / EOS token ids in its config")
         self.spatial_factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
@@ -134,9 +134,6 @@ class Emu3Model(GridModel):
 
     def final_norm(self):
         return self.model.model.text_model.norm
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         return head_rows_logits(normed, self.model.lm_head, self.image_ids)
@@ -216,12 +213,3 @@ class Emu3Model(GridModel):
         with torch.no_grad():
             img = vq.decode(tokens[None].long().to(dev))[0]  # [3, H_px, W_px], normalized as the processor's input
         return hub.to_unit_image(img.permute(1, 2, 0), self.pixel_norm)
-
-
-def _first(*cands):
-    for c in cands:
-        if isinstance(c, (list, tuple)):
-            c = c[0] if c else None
-        if c is not None:
-            return int(c)
-    return None

@@ -70,9 +70,9 @@ class JanusModel(GridModel):
         self.default_grid = (n, n)
         gen = getattr(model, "generation_config", None)
         gkw = (getattr(gen, "generation_kwargs", None) or {}) if gen is not None else {}
-        self.bos_id = self._first_id(getattr(gen, "bos_token_id", None), getattr(tokenizer, "bos_token_id", None),
+        self.bos_id = hub.first_id(getattr(gen, "bos_token_id", None), getattr(tokenizer, "bos_token_id", None),
                                      cfg.text_config.bos_token_id)
-        self.pad_id = self._first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
+        self.pad_id = hub.first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
                                      cfg.text_config.pad_token_id)
         boi = gkw.get("boi_token_id")
         if boi is None and tokenizer is not None:
@@ -83,15 +83,6 @@ class JanusModel(GridModel):
         self.boi_id = int(boi)
         self.pixel_norm = hub.pixel_normalization(folder)
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-
-    @staticmethod
-    def _first_id(*cands):
-        for c in cands:
-            if isinstance(c, (list, tuple)):
-                c = c[0] if c else None
-            if c is not None:
-                return int(c)
-        return None
 
     # ---- loading ---------------------------------------------------------------------------------------------
     @classmethod

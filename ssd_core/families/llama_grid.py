@@ -73,9 +73,6 @@ class LlamaGridModel(GridModel):
     def final_norm(self):
         return self.model.model.norm
 
-    def embed(self, ids):
-        return self.model.get_input_embeddings()(ids)
-
     def head_logits(self, normed):
         rows = slice(self.image_token_start, self.image_token_start + self.image_vocab_size)
         return head_rows_logits(normed, self.model.lm_head, rows)

@@ -111,8 +111,8 @@ class LuminaModel(GridModel):
         self.end_id = hub.token_id(self.vocab, tokenizer, IMAGE_END, IDS[IMAGE_END])
         self.row_end_id = hub.token_id(self.vocab, tokenizer, ROW_END, IDS[ROW_END])
         self.turn_end_id = hub.token_id(self.vocab, tokenizer, TURN_END, IDS[TURN_END])
-        self.bos_id = _first(getattr(tokenizer, "bos_token_id", None), cfg.bos_token_id)
-        self.pad_id = _first(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
+        self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), cfg.bos_token_id)
+        self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
         if grid is not None:
             self.default_grid = (int(grid[0]), int(grid[1]))
@@ -153,9 +153,6 @@ class LuminaModel(GridModel):
 
     def final_norm(self):
         return self.model.model.norm
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(ids)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         return head_rows_logits(normed, self.model.lm_head, self.image_ids)
@@ -214,7 +211,7 @@ class LuminaModel(GridModel):
             raise SSDError("Lumina-mGPT takes no negative prompt (its unconditional stream is the image start "
                            "and size tokens alone): clear it")
         grid = self.check_grid(grid)
-        bos = self.bos_id if self.bos_id is not None else _first(getattr(self.tokenizer, "eos_token_id", None))
+        bos = self.bos_id if self.bos_id is not None else hub.first_id(getattr(self.tokenizer, "eos_token_id", None))
         given = hub.token_id_list(prompt)
         if given is not None:  # already tokenized prompt text (e.g. a benchmark without a tokenizer)
             ids = given + [self.turn_end_id]
@@ -252,12 +249,3 @@ class LuminaModel(GridModel):
             return None
         dev = next(vq.parameters()).device
         return vq.decode_to_image(tokens[None].long().to(dev))[0].cpu()
-
-
-def _first(*cands):
-    for c in cands:
-        if isinstance(c, (list, tuple)):
-            c = c[0] if c else None
-        if c is not None:
-            return int(c)
-    return None
