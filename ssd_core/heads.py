@@ -7,7 +7,6 @@ h are the base model's pre-norm last-layer features; draft logits go through the
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -76,8 +75,7 @@ class DraftHeads(nn.Module):
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
-        tensors = {k: v.detach().to(torch.float16 if v.dtype == torch.float16 else v.dtype).contiguous().cpu()
-                   for k, v in self.state_dict().items()}
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(tensors, str(path), metadata=self.metadata())
 
 
@@ -115,7 +113,3 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     except (KeyError, ValueError, RuntimeError) as err:
         raise SSDError(f"{path.name} has damaged heads metadata or tensors ({err}); re-train the heads") from None
     return heads.to(dtype) if dtype is not None else heads
-
-
-def describe(path: str | Path) -> str:
-    return json.dumps(load_heads_file(path).metadata(), indent=1)
