@@ -31,7 +31,8 @@ def prompts_for(model, n: int, given) -> list:
         return [given] * n
     if model.class_names:
         return [i % len(model.class_names) for i in range(n)]
-    return [getattr(model, "training_prompts", ["a photo of a cat"])[i % 1] for i in range(n)]
+    texts = getattr(model, "training_prompts", ["a photo of a cat"])
+    return [texts[i % len(texts)] for i in range(n)]
 
 
 def run_bench(model, heads, args, log=print) -> dict:
