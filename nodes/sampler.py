@@ -1,12 +1,13 @@
 """SSD Sampler: ComfyUI inputs -> ssd_core.generate, with progress, previews, cancel and live events."""
 
-import re
 import time
 
 import torch
 
 from .. import ssd_core
+from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, without_heads
 from ..ssd_core.families.llama_grid import class_index
+from ..ssd_core.trace import parse_grid
 from . import _comfy
 from . import trace as trace_mod
 from .loaders import SSDModel
@@ -21,21 +22,6 @@ def resolve_prompt(model, text):
     names = getattr(model, "class_names", None)
     text = "" if text is None else str(text)
     return text if names is None else class_index(names, text)
-
-
-def parse_grid(text):
-    """'auto' -> None; 'HxW' or 'N' (square) -> (H, W) in tokens."""
-    t = str(text).strip().lower().replace(" ", "")
-    if t in ("", "auto"):
-        return None
-    m = re.fullmatch(r"(\d+)(?:[x*,](\d+))?", t)
-    if not m:
-        raise SSDError(f"grid '{text}' is not understood: write auto, or rows x columns in tokens such as 16x16.")
-    h = int(m.group(1))
-    w = int(m.group(2)) if m.group(2) else h
-    if h <= 0 or w <= 0:
-        raise SSDError(f"grid '{text}' must be at least 1x1 tokens.")
-    return (h, w)
 
 
 def _auto(value, cast):
@@ -115,10 +101,10 @@ class SSDSampler:
                 "top_p": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 1.0, "step": 0.01, "round": 0.001,
                           "tooltip": "-1 = the model's default; 1 = no top-p"}),
                 "decoder": (list(ssd_core.DECODERS), {"default": "ssd"}),
-                "draft_rows": ("INT", {"default": 1, "min": 1, "max": 16,
-                               "tooltip": "rows drafted and verified together (ssd, ssd-exact)"}),
-                "verify_rounds": ("INT", {"default": 2, "min": 0, "max": 8,
-                                  "tooltip": "correction rounds per row before it is committed (ssd)"}),
+                "draft_rows": ("INT", {"default": DRAFT_ROWS.default, "min": DRAFT_ROWS.low, "max": DRAFT_ROWS.high,
+                               "tooltip": DRAFT_ROWS.help}),
+                "verify_rounds": ("INT", {"default": VERIFY_ROUNDS.default, "min": VERIFY_ROUNDS.low,
+                                  "max": VERIFY_ROUNDS.high, "tooltip": VERIFY_ROUNDS.help}),
                 "grid": ("STRING", {"default": "auto",
                          "tooltip": "image size in tokens, rows x columns (e.g. 16x16); auto = the model's default"}),
             },
@@ -134,9 +120,9 @@ class SSDSampler:
         model = ssd_model.model
         if decoder not in ssd_core.DECODERS:
             raise SSDError(f"unknown decoder '{decoder}': pick one of {', '.join(ssd_core.DECODERS)}.")
-        if decoder in ("ssd", "ssd-exact") and ssd_model.heads is None:
+        if needs_heads(decoder) and ssd_model.heads is None:
             raise SSDError(f"decoder '{decoder}' drafts with heads: add a 'Load SSD Heads' node between the "
-                           f"model loader and this sampler, or pick decoder ar, sjd or zipar.")
+                           f"model loader and this sampler, or pick decoder {without_heads()}.")
         if negative_prompt and negative_prompt.strip() and not getattr(model, "negative_prompts", False):
             raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: clear it.")
         kwargs = dict(
@@ -152,7 +138,7 @@ class SSDSampler:
             verify_rounds=int(verify_rounds),
             grid=parse_grid(grid),
         )
-        heads = ssd_model.heads if decoder in ("ssd", "ssd-exact") else None
+        heads = ssd_model.heads if needs_heads(decoder) else None
 
         h, w = kwargs["grid"] or tuple(model.default_grid)
         progress = _comfy.Progress(h * w, unique_id)

@@ -4,25 +4,51 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .api import generate
+from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads
 from .errors import SSDError
 from .trace import finite_or_none
 
 
-def _variants(args) -> list[tuple[str, str, int]]:
-    """(row label, decoder, verify rounds); `--ssd-rounds 0,1,2` gives one ssd row per round count."""
+@dataclass
+class BenchOptions:
+    """What to bench: decoders, images (prompt i with seed seed+i), sampler values (None = the model's)."""
+
+    decoders: tuple[str, ...] = DECODERS
+    images: int = 4
+    seed: int = 0
+    prompt: object = None  # one prompt for every image; None: the model's classes / training prompts in turn
+    negative_prompt: str = ""
+    cfg: float | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    draft_rows: int = DRAFT_ROWS.default
+    verify_rounds: int = VERIFY_ROUNDS.default
+    ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at verify_rounds)
+    window: int | None = None
+    grid: tuple[int, int] | None = None
+    verify_cost: bool = False  # also time one verify forward per window length
+    out_dir: str | None = None  # sample and status PNGs
+    json: str | None = None  # the report as JSON
+    model_name: str = ""  # shown in the report
+
+
+def _variants(o: BenchOptions) -> list[tuple[str, str, int]]:
+    """(row label, decoder, verify rounds); ssd_rounds (0, 1, 2) gives one ssd row per round count."""
     out = []
-    for name in [d.strip() for d in args.decoders.split(",") if d.strip()]:
-        if name == "ssd" and args.ssd_rounds:
-            out += [(f"ssd r={r}", "ssd", int(r)) for r in args.ssd_rounds.split(",")]
+    for name in o.decoders:
+        if name == "ssd" and o.ssd_rounds:
+            out += [(f"ssd r={r}", "ssd", int(r)) for r in o.ssd_rounds]
         else:
-            out.append((name, name, args.verify_rounds))
+            out.append((name, name, o.verify_rounds))
     if "ar" not in [v[1] for v in out]:
-        out.insert(0, ("ar", "ar", args.verify_rounds))
+        out.insert(0, ("ar", "ar", o.verify_rounds))
     return out
 
 
@@ -35,23 +61,22 @@ def prompts_for(model, n: int, given) -> list:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def run_bench(model, heads, args, log=print) -> dict:
-    from .cli import _grid
-
-    variants = _variants(args)
-    prompts = prompts_for(model, args.images, args.prompt)
-    seeds = [args.seed + i for i in range(args.images)]
+def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
+    variants = _variants(o)
+    prompts = prompts_for(model, o.images, o.prompt)
+    seeds = [o.seed + i for i in range(o.images)]
     results: dict[str, list] = {label: [] for label, _, _ in variants}
-    out_dir = Path(args.out_dir) if getattr(args, "out_dir", None) else None
+    out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, rounds in variants:
-            if decoder in ("ssd", "ssd-exact") and heads is None:
+            drafts = needs_heads(decoder)
+            if drafts and heads is None:
                 raise SSDError(f"bench of {decoder} needs heads: pass --heads FILE (or drop it from --decoders)")
-            r = generate(model, heads if decoder in ("ssd", "ssd-exact") else None, prompt=prompt,
-                         negative_prompt=args.negative_prompt, decoder=decoder, seed=seed, cfg=args.cfg,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         draft_rows=args.draft_rows, verify_rounds=rounds, window=args.window,
-                         grid=_grid(args.grid), decode_pixels=out_dir is not None)
+            r = generate(model, heads if drafts else None, prompt=prompt,
+                         negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
+                         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+                         draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
+                         grid=o.grid, decode_pixels=out_dir is not None)
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
     ar = results["ar"]
@@ -81,16 +106,16 @@ def run_bench(model, heads, args, log=print) -> dict:
             "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
         })
-    report = {"model": str(args.model), "images": len(prompts), "grid": list(ar[0].tokens.shape),
+    report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
-    if getattr(args, "verify_cost", False):
-        report["verify_cost"] = verify_cost(model, prompts[0], args)
+    if o.verify_cost:
+        report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
     if out_dir is not None:
         write_pngs(results, variants, out_dir, log)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-        log(f"wrote {args.json}")
+    if o.json:
+        Path(o.json).write_text(json.dumps(report, indent=1))
+        log(f"wrote {o.json}")
     return report
 
 
@@ -110,16 +135,17 @@ def print_table(report: dict, log=print) -> None:
 
 
 @torch.no_grad()
-def verify_cost(model, prompt, args, lengths=(1, 8, 32, 64, 128), context: int | None = None, repeats: int = 5) -> dict:
+def verify_cost(model, prompt, cfg: float | None = None, negative_prompt: str = "", lengths=(1, 8, 32, 64, 128),
+                context: int | None = None, repeats: int = 5) -> dict:
     """Median time of one window forward of n tokens over a half-full cache, relative to n = 1."""
     from .sampling import SamplerSettings
 
     d = model.defaults
     layout = model.layout(None)
-    cfg = d["cfg"] if args.cfg is None else args.cfg
+    cfg = d["cfg"] if cfg is None else cfg
     ctx = context if context is not None else layout.num_slots // 2
     lengths = [n for n in lengths if ctx + n <= layout.num_slots]
-    prompt_ids = model.build_prompt(prompt, getattr(args, "negative_prompt", ""), SamplerSettings(cfg=cfg).guided, layout.grid)
+    prompt_ids = model.build_prompt(prompt, negative_prompt, SamplerSettings(cfg=cfg).guided, layout.grid)
     session = model.start(prompt_ids)
     ids = model.code_to_id(torch.zeros(layout.num_slots, dtype=torch.long, device=model.device)).cpu()
     session.forward(ids[:ctx])

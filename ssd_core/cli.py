@@ -6,7 +6,9 @@ import json
 import sys
 from pathlib import Path
 
+from .decoders import DECODERS, PARAMS
 from .errors import SSDError
+from .trace import parse_grid
 
 
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
@@ -21,20 +23,10 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None, help="0 = off")
     p.add_argument("--top-p", type=float, default=None, help="1 = off")
-    p.add_argument("--draft-rows", type=int, default=1)
-    p.add_argument("--verify-rounds", type=int, default=2)
-    p.add_argument("--window", type=int, default=None, help="sjd / zipar window")
+    for name, param in PARAMS.items():  # the decoders' parameters, their limits and defaults
+        limits = f"{param.low}..{param.high}" if param.high is not None else f">= {param.low}"
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=param.default, help=f"{param.help}; {limits}")
     p.add_argument("--grid", default=None, help="token grid as HxW (default: the model's)")
-
-
-def _grid(text):
-    if not text:
-        return None
-    try:
-        h, w = text.lower().split("x")
-        return int(h), int(w)
-    except ValueError:
-        raise SSDError(f"--grid must look like 24x24, got {text!r}") from None
 
 
 def _load(args):
@@ -60,7 +52,7 @@ def cmd_generate(args) -> int:
     result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, draft_rows=args.draft_rows, verify_rounds=args.verify_rounds,
-                      window=args.window, grid=_grid(args.grid))
+                      window=args.window, grid=parse_grid(args.grid))
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
@@ -103,10 +95,17 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_bench
+    from .bench import BenchOptions, run_bench
 
     model, heads = _load(args)
-    run_bench(model, heads, args)
+    options = BenchOptions(
+        decoders=tuple(d.strip() for d in args.decoders.split(",") if d.strip()), images=args.images,
+        seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
+        verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
+        ssd_rounds=tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else (),
+        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
+    run_bench(model, heads, options)
     return 0
 
 
@@ -122,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
-    g.add_argument("--decoder", default="ssd", choices=["ar", "ssd", "ssd-exact", "sjd", "zipar"])
+    g.add_argument("--decoder", default="ssd", choices=list(DECODERS))
     g.add_argument("--out", default=None, help="PNG to write")
     g.add_argument("--status-image", default=None, help="PNG of the token-status grid")
     g.add_argument("--trace", default=None, help="trace JSON to write")
@@ -143,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
-    b.add_argument("--decoders", default="ar,ssd,ssd-exact,sjd,zipar")
+    b.add_argument("--decoders", default=",".join(DECODERS))
     b.add_argument("--images", type=int, default=4)
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")

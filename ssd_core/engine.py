@@ -13,124 +13,12 @@ import time
 import torch
 
 from . import trace as T
+from .decoders import without_heads
 from .errors import Cancelled, SSDError
-from .families.base import GridModel, Layout, Prompt, Session
-from .sampling import SamplerSettings, gumbel, gumbel_argmax, log_probs
-
-
-class Run:
-    """Everything one generation knows; policies read and write it through the helpers below."""
-
-    def __init__(self, model: GridModel, heads, layout: Layout, settings: SamplerSettings, session: Session):
-        self.model, self.heads, self.layout, self.settings, self.session = model, heads, layout, settings, session
-        L = layout.num_slots
-        self.L, self.V = L, model.image_vocab_size
-        self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
-        self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
-        self.final = layout.forced >= 0  # forced slots are final from the start
-        self.drafted = torch.full((L,), -1, dtype=torch.long)  # [L] first draft code of a slot
-        self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
-        self.step_of = torch.zeros(L, dtype=torch.int32)
-        self.round_of = torch.zeros(L, dtype=torch.int32)
-        self.end = 0  # window = [session.cached, end)
-        self.start = 0  # the window's first slot in the step being decided
-        self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
-        self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
-        self.steps = 0
-        self.head_calls = 0
-        self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
-        B, d = session.last_features.shape
-        self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
-        self.next_logits = model.image_logits(session.last_features)  # [B, V] raw logits for slot `cached`
-        self.prompt_features = session.last_features  # [B, d] features predicting slot 0
-        self.q: dict[int, torch.Tensor] = {}  # slot -> the distribution its current token was drawn from
-
-    # ---- views -----------------------------------------------------------------------------
-    @property
-    def cached(self) -> int:
-        return self.session.cached
-
-    def first_open(self) -> int:
-        """The first slot that is not final (L when done)."""
-        open_ = (~self.final).nonzero()
-        return int(open_[0]) if open_.numel() else self.L
-
-    def is_image(self, slot: int) -> bool:
-        return 0 <= slot < self.L and bool(self.layout.forced[slot] < 0)
-
-    def logp(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots."""
-        from .sampling import guide
-
-        return log_probs(guide(logits, self.settings.cfg), self.settings, slots)
-
-    # ---- token writes ------------------------------------------------------------------------
-    def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft: bool = True) -> None:
-        changed = self.codes[slots] != codes  # the round in which a slot took its current value
-        self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
-        self.codes[slots] = codes
-        self.ids[slots] = self.model.code_to_id(codes.to(self.ids.device)).cpu()
-        if draft:
-            first = self.drafted[slots] < 0
-            self.drafted[slots[first]] = codes[first]
-
-    def finalize(self, slots: torch.Tensor) -> None:
-        """Mark image slots final with their current token; the status follows from the first draft.
-
-        round = the verification round (0 = the first check) in which the slot took its final value."""
-        if slots.numel() == 0:
-            return
-        drafted, codes = self.drafted[slots], self.codes[slots]
-        st = torch.where(drafted < 0, T.AR, torch.where(drafted == codes, T.ACCEPTED, T.CORRECTED))
-        self.status[slots] = st.to(torch.int8)
-        self.final[slots] = True
-        self.step_of[slots] = self.steps
-        self.round_of[slots] = self.value_round[slots]
-        for s in slots.tolist():
-            self.q.pop(s, None)
-
-    def extend_over_forced(self) -> None:
-        """Forced slots right after the window join it: they are fed with the tokens before them."""
-        while self.end < self.L and self.layout.forced[self.end] >= 0:
-            self.end += 1
-
-    def open_in(self, lo: int, hi: int) -> torch.Tensor:
-        """Slots in [lo, hi) that are image cells and not final yet."""
-        idx = torch.arange(lo, min(hi, self.L))
-        return idx[~self.final[idx]]
-
-    def sample(self, logp: torch.Tensor) -> torch.Tensor:
-        """Independent samples from rows of log p (the seeded generator of this run)."""
-        probs = logp.float().exp().cpu()
-        return torch.multinomial(probs, 1, generator=self.rng).squeeze(-1)
-
-    def gumbel_sample(self, logp: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise."""
-        if self.settings.temperature == 0:
-            return logp.argmax(-1).cpu()
-        noise = gumbel(self.settings.seed, slots, self.V)
-        return gumbel_argmax(logp.float().cpu(), noise)
-
-    def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.rng)
-
-
-class Policy:
-    """A decoder: `update` finalizes / corrects after a forward and extends the window with drafts."""
-
-    name = "policy"
-    needs_heads = False
-
-    def begin(self, run: Run) -> None:
-        pass
-
-    def visible(self, run: Run) -> torch.Tensor | None:
-        """Which window slots other slots may attend to (None: all, plain causal)."""
-        return None
-
-    def update(self, run: Run, logits: torch.Tensor, features: torch.Tensor | None) -> None:
-        """logits [B, n+1, V] raw per stream for slots cached..end; features [B, n, d] of the window."""
-        raise NotImplementedError
+from .families.base import GridModel
+from .run import Policy, Run
+from .sampling import SamplerSettings, guide, log_probs
+from .session import Layout, Prompt, Session
 
 
 def _now(device) -> float:
@@ -144,7 +32,7 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
     """Run one generation to the end; returns the final state and its trace."""
     if policy.needs_heads and heads is None:
         raise SSDError(f"decoder {decoder_name!r} drafts with SSD heads: load heads for this model "
-                       "(or 'reference' for the bundled model), or choose decoder 'ar', 'sjd' or 'zipar'")
+                       f"(or 'reference' for the bundled model), or choose decoder {without_heads()}")
     dev = model.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -154,7 +42,6 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
     run = Run(model, heads, layout, settings, session)
     timings["prefill"] = _now(dev) - t0
     policy.begin(run)
-    H, W = layout.grid
     while not bool(run.final.all()):
         if should_cancel is not None and should_cancel():
             raise Cancelled(f"generation cancelled after {run.steps} steps")
@@ -183,7 +70,7 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
         if keep > start:
             run.next_logits = logits[:, keep - start]
         if on_step is not None and features is not None:
-            on_step(_progress(run))
+            on_step(T.progress(run))
     # the last tokens' keys: one more forward so the cache holds the whole committed sequence
     if run.cached < run.L:
         t1 = _now(dev)
@@ -193,18 +80,7 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
     else:
         finalize_forwards = 0
     timings["wall"] = _now(dev) - t0
-    cells = layout.slot_of_cell
-    tr = T.Trace(decoder_name, (H, W), run.codes[cells].view(H, W), run.status[cells].view(H, W),
-                 run.step_of[cells].view(H, W), run.round_of[cells].view(H, W), run.steps,
-                 settings={"seed": settings.seed, "cfg": settings.cfg, "temperature": settings.temperature,
-                           "top_k": settings.top_k, "top_p": settings.top_p, **getattr(policy, "params", {})},
-                 timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards)
-    if dev.type == "cuda":
-        tr.peak_memory_mb = torch.cuda.max_memory_allocated(dev) / 2**20
-    else:  # the process's peak resident memory (Linux reports KiB)
-        import resource
-
-        tr.peak_memory_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tr = T.from_run(run, decoder_name, getattr(policy, "params", {}), timings, finalize_forwards, _peak_memory_mb(dev))
     if score:
         t1 = _now(dev)
         fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes, settings)
@@ -213,12 +89,12 @@ def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: Sa
     return run, tr
 
 
-def _progress(run: Run) -> T.Progress:
-    H, W = run.layout.grid
-    cells = run.layout.slot_of_cell
-    final = run.final[cells]
-    tokens = torch.where(final, run.codes[cells], -1).view(H, W)
-    return T.Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W), int(final.sum()))
+def _peak_memory_mb(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    import resource  # the process's peak resident memory (Linux reports KiB)
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def sequence_logits(model: GridModel, prompt: Prompt, ids: torch.Tensor) -> tuple[Session, torch.Tensor]:
@@ -240,8 +116,6 @@ def sequence_nll(model: GridModel, prompt: Prompt, layout: Layout, ids: torch.Te
     out_of_support: the share of tokens the run's sampler settings could not have produced.
     Greedy runs (temperature 0) are scored at temperature 1 so that the figures stay finite.
     """
-    from .sampling import guide
-
     _, logits = sequence_logits(model, prompt, ids)
     t = settings.temperature if settings.temperature > 0 else 1.0
     scoring = SamplerSettings(settings.seed, settings.cfg, t, settings.top_k, settings.top_p)

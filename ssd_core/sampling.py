@@ -69,6 +69,21 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     return x.log_softmax(-1)
 
 
+def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`)."""
+    return torch.multinomial(logp.float().exp().cpu(), 1, generator=generator).squeeze(-1)
+
+
+def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Generator) -> torch.Tensor:
+    """AR sampling of a batch: raw logits [S, n, V] (S streams: conditional, then unconditional) -> codes [n].
+
+    Guidance when the settings ask for it (else the conditional stream alone), then temperature / top-k /
+    top-p, then one draw per row.
+    """
+    guided = guide(logits, s.cfg) if s.guided else logits[0]
+    return draw(log_probs(guided, s), generator)
+
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -111,6 +126,12 @@ def shr53(bits: torch.Tensor) -> torch.Tensor:
 def gumbel_argmax(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """x = argmax(log p + g): an exact sample of p, coupled across calls through the noise."""
     return (logp + noise).argmax(-1)
+
+
+def acceptance(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) [n] for tokens x [n] drawn from q [n, V], checked against the verifier's p [n, V]."""
+    ratio = p.gather(1, tokens[:, None]).squeeze(1) / q.gather(1, tokens[:, None]).squeeze(1).clamp(min=1e-30)
+    return ratio.clamp(max=1.0)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

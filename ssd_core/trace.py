@@ -1,10 +1,13 @@
-"""What a run reports: how each cell became final, and per-run figures (spec section 6)."""
+"""What a run reports: how each cell became final, and per-run figures."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
+
+from .errors import SSDError
 
 STATUSES = ("pending", "ar", "accepted", "corrected", "forced")
 PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
@@ -13,6 +16,21 @@ PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
 def finite_or_none(x):
     """JSON has no Infinity: an infinite NLL (a token outside top-k / top-p) is written as null."""
     return x if x is None or math.isfinite(x) else None
+
+
+def parse_grid(text) -> tuple[int, int] | None:
+    """'auto' or '' -> None (the model's grid); 'HxW' or 'N' (square) -> (H, W) in tokens."""
+    t = "" if text is None else str(text).strip().lower().replace(" ", "")
+    if t in ("", "auto"):
+        return None
+    m = re.fullmatch(r"(\d+)(?:[x*,](\d+))?", t)
+    if not m:
+        raise SSDError(f"grid '{text}' is not understood: write auto, or rows x columns in tokens such as 16x16.")
+    h = int(m.group(1))
+    w = int(m.group(2)) if m.group(2) else h
+    if h <= 0 or w <= 0:
+        raise SSDError(f"grid '{text}' must be at least 1x1 tokens.")
+    return (h, w)
 
 
 @dataclass
@@ -28,6 +46,28 @@ class Progress:
     @property
     def status(self) -> list[list[str]]:
         return [[STATUSES[v] for v in row] for row in self.status_codes.tolist()]
+
+
+def progress(run) -> Progress:
+    """The Progress of an engine Run (run.py) after a step."""
+    H, W = run.layout.grid
+    cells = run.layout.slot_of_cell
+    final = run.final[cells]
+    tokens = torch.where(final, run.codes[cells], -1).view(H, W)
+    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W), int(final.sum()))
+
+
+def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: int, peak_memory_mb: float) -> "Trace":
+    """The Trace of a finished engine Run (run.py): per-cell tokens, statuses, steps, rounds, and its settings."""
+    H, W = run.layout.grid
+    cells = run.layout.slot_of_cell
+    s = run.settings
+    return Trace(decoder, (H, W), run.codes[cells].view(H, W), run.status[cells].view(H, W),
+                 run.step_of[cells].view(H, W), run.round_of[cells].view(H, W), run.steps,
+                 settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
+                           "top_p": s.top_p, **params},
+                 timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
+                 peak_memory_mb=peak_memory_mb)
 
 
 @dataclass

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from .families.base import Layout, stack_prompts
 from .heads import DraftHeads
-from .sampling import SamplerSettings, guide, log_probs
+from .sampling import SamplerSettings, sample_logits
+from .session import Layout, stack_prompts
 
 
 @dataclass
@@ -61,9 +61,7 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
             if forced >= 0:
                 ids = torch.full((k,), forced, dtype=torch.long)
             else:
-                guided = logits[:k] if not settings.guided else logits[k:] + settings.cfg * (logits[:k] - logits[k:])
-                probs = log_probs(guided, settings).exp().cpu()
-                codes[:, s] = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+                codes[:, s] = sample_logits(logits.view(-1, k, logits.shape[-1]), settings, gen)  # streams [S, k, V]
                 ids = model.code_to_id(codes[:, s].to(model.device)).cpu()
             if s + 1 < layout.num_slots:
                 rows = ids.repeat(2) if settings.guided else ids

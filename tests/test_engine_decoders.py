@@ -7,7 +7,7 @@ import torch
 import ssd_core
 from ssd_core.decoders import make_policy
 from ssd_core.engine import decode
-from ssd_core.families.base import Layout
+from ssd_core.session import Layout
 from ssd_core.sampling import SamplerSettings
 from tiny import make_heads, make_llama_grid
 

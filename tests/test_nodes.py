@@ -159,6 +159,13 @@ def test_node_mappings_and_inputs():
                          "decoder", "draft_rows", "verify_rounds", "grid"]
     assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["seed"][1]["control_after_generate"] is True
+    # the widgets' limits are the engine's: the largest value is accepted, one more is refused
+    for name in ("draft_rows", "verify_rounds"):
+        top = req[name][1]["max"]
+        make_policy = importlib.import_module(PACK + ".ssd_core.decoders").make_policy
+        make_policy("ssd", **{name: top})
+        with pytest.raises(core.SSDError, match=name):
+            make_policy("ssd", **{name: top + 1})
     assert m["SSDSampler"].RETURN_TYPES == ("IMAGE", "SSD_TRACE", "STRING")
     assert m["SSDSampler"].INPUT_TYPES()["hidden"] == {"unique_id": "UNIQUE_ID"}
     assert m["SSDLoadModel"].INPUT_TYPES()["required"]["model"][0][0] == "reference"

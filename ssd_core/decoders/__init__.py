@@ -1,4 +1,12 @@
-"""Decoders are policies of the one loop in engine.py."""
+"""The decoder registry: every decoder is a policy of the one loop in engine.py.
+
+A decoder is one file here (its Policy subclass) plus one line in DECODER_SPECS. The CLI, bench, the
+ComfyUI nodes and the engine read names, parameters, limits and defaults from this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
 from ..errors import SSDError
 from .ar import ARPolicy
 from .exact import ExactPolicy
@@ -6,26 +14,73 @@ from .sjd import SJDPolicy
 from .ssd import SSDPolicy
 from .zipar import ZipARPolicy
 
-DECODERS = ("ar", "ssd", "ssd-exact", "sjd", "zipar")
-MAX_DRAFT_ROWS = 8
-MAX_VERIFY_ROUNDS = 8
+
+@dataclass(frozen=True)
+class Param:
+    """A whole-number decoder parameter: its limits (high None = no upper limit) and its default."""
+
+    low: int
+    high: int | None
+    default: int | None
+    help: str
+
+    def check(self, name: str, value) -> None:
+        if value is None and self.default is None:
+            return
+        if int(value) != value or value < self.low or (self.high is not None and value > self.high):
+            limit = f"from {self.low} to {self.high}" if self.high is not None else f">= {self.low}"
+            raise SSDError(f"{name} must be a whole number {limit}, got {value}")
 
 
-def make_policy(name: str, draft_rows: int = 1, verify_rounds: int = 2, window: int | None = None):
-    if name not in DECODERS:
+DRAFT_ROWS = Param(1, 8, 1, "rows drafted and verified together (ssd, ssd-exact)")
+VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
+WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
+PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW}  # every decoder parameter
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    policy: type  # a Policy subclass, built with the parameters below as keyword arguments
+    params: tuple[str, ...] = ()  # the names in PARAMS it takes
+    defaults: dict = field(default_factory=dict)  # its own defaults where they differ from PARAMS'
+
+    @property
+    def needs_heads(self) -> bool:
+        return self.policy.needs_heads
+
+
+DECODER_SPECS = {
+    "ar": DecoderSpec(ARPolicy),
+    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds")),
+    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",)),
+    "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
+    "zipar": DecoderSpec(ZipARPolicy, ("window",)),
+}
+DECODERS = tuple(DECODER_SPECS)
+HEADLESS = tuple(name for name, spec in DECODER_SPECS.items() if not spec.needs_heads)  # decoders without heads
+
+
+def spec(name: str) -> DecoderSpec:
+    if name not in DECODER_SPECS:
         raise SSDError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
-    if int(draft_rows) != draft_rows or not 1 <= draft_rows <= MAX_DRAFT_ROWS:
-        raise SSDError(f"draft_rows must be a whole number from 1 to {MAX_DRAFT_ROWS}, got {draft_rows}")
-    if int(verify_rounds) != verify_rounds or not 0 <= verify_rounds <= MAX_VERIFY_ROUNDS:
-        raise SSDError(f"verify_rounds must be a whole number from 0 to {MAX_VERIFY_ROUNDS}, got {verify_rounds}")
-    if window is not None and (int(window) != window or window < 1):
-        raise SSDError(f"window must be a whole number >= 1, got {window}")
-    if name == "ar":
-        return ARPolicy()
-    if name == "ssd":
-        return SSDPolicy(int(draft_rows), int(verify_rounds))
-    if name == "ssd-exact":
-        return ExactPolicy(int(draft_rows))
-    if name == "sjd":
-        return SJDPolicy(window or 16)
-    return ZipARPolicy(window)
+    return DECODER_SPECS[name]
+
+
+def needs_heads(name: str) -> bool:
+    return spec(name).needs_heads
+
+
+def without_heads() -> str:
+    """The decoders that run without heads, as words: 'ar, sjd or zipar'."""
+    return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
+
+
+def make_policy(name: str, draft_rows: int = DRAFT_ROWS.default, verify_rounds: int = VERIFY_ROUNDS.default,
+                window: int | None = WINDOW.default):
+    """The policy of decoder `name`; every parameter is checked against its limits, used or not."""
+    given = {"draft_rows": draft_rows, "verify_rounds": verify_rounds, "window": window}
+    chosen = spec(name)
+    for key, value in given.items():
+        PARAMS[key].check(key, value)
+    kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key) for key in chosen.params}
+    return chosen.policy(**kwargs)

@@ -1,7 +1,7 @@
 """`ar`: one token a step, Gumbel-max keyed by (seed, slot) so that `ssd-exact` can reproduce it."""
 import torch
 
-from ..engine import Policy, Run
+from ..run import Policy, Run
 
 
 class ARPolicy(Policy):
@@ -15,5 +15,4 @@ class ARPolicy(Policy):
         i = slot - run.start  # the logits predicting `slot` (its context is all final)
         run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), one), draft=False)
         run.finalize(one)
-        run.end = slot + 1
-        run.extend_over_forced()
+        run.set_end(slot + 1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine import Run
+from ..run import Run
 
 
 def feature(run: Run, slot: int) -> torch.Tensor:
@@ -53,8 +53,7 @@ def draft(run: Run, target: int, pick) -> None:
                 with torch.no_grad():
                     run.features[:, t] = heads.horizontal(prev, _embed(run, one)[0])
                 run.head_calls += 1
-        run.end = s = stop
-        run.extend_over_forced()
+        run.set_end(stop)
         s = run.end
 
 

@@ -6,7 +6,7 @@ the rest take the verifier's outputs (Jacobi iteration) and the heads only exten
 """
 import torch
 
-from ..engine import Policy, Run
+from ..run import Policy, Run
 from .drafting import draft, rows_end
 
 
@@ -33,8 +33,7 @@ class ExactPolicy(Policy):
             run.set_tokens(slots[n_final:], verdict[n_final:])  # Jacobi: the verifier's outputs are the new drafts
             run.finalize(slots[:n_final])
             if slots[-1] >= end and end < run.L:
-                run.end = end + 1
-                run.extend_over_forced()
+                run.set_end(end + 1)
         first = run.first_open()
         if first < run.L:
             draft(run, rows_end(run, first, self.draft_rows), run.gumbel_sample)

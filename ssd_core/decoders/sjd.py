@@ -6,8 +6,8 @@ rejected one is resampled from norm(max(0, p - q)) and is final; the rest are re
 """
 import torch
 
-from ..engine import Policy, Run
-from ..sampling import residual
+from ..run import Policy, Run
+from ..sampling import acceptance, residual
 
 
 class SJDPolicy(Policy):
@@ -24,8 +24,7 @@ class SJDPolicy(Policy):
             p = run.logp(logits[:, slots - start], slots).exp().cpu()
             q = torch.stack([run.q[s] for s in slots.tolist()])
             tok = run.codes[slots]
-            ratio = p.gather(1, tok[:, None]).squeeze(1) / q.gather(1, tok[:, None]).squeeze(1).clamp(min=1e-30)
-            ok = run.uniform(slots.numel()) < ratio.clamp(max=1.0)
+            ok = run.uniform(slots.numel()) < acceptance(p, q, tok)
             lead = int(ok.long().cumprod(0).sum())
             run.finalize(slots[:lead])
             if lead < slots.numel():
@@ -41,8 +40,7 @@ class SJDPolicy(Policy):
             one = torch.tensor([run.end])  # the token after an all-final window: an exact sample
             run.set_tokens(one, run.sample(run.logp(logits[:, run.end - start:run.end - start + 1], one)), draft=False)
             run.finalize(one)
-            run.end += 1
-            run.extend_over_forced()
+            run.set_end(run.end + 1)
         self._extend(run)
 
     def _extend(self, run: Run) -> None:
@@ -59,5 +57,4 @@ class SJDPolicy(Policy):
                 q = torch.full((V,), 1.0 / V)
             run.set_tokens(torch.tensor([s]), code)
             run.q[s] = q
-            run.end += 1
-            run.extend_over_forced()
+            run.set_end(run.end + 1)

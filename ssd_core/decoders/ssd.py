@@ -6,8 +6,8 @@ with the first verification of the next one (both ride in one forward).
 """
 import torch
 
-from ..engine import Policy, Run
-from ..sampling import residual
+from ..run import Policy, Run
+from ..sampling import acceptance, residual
 from .drafting import draft, rows_end
 
 
@@ -26,8 +26,7 @@ class SSDPolicy(Policy):
             p = run.logp(logits[:, slots - start], slots).exp().cpu()  # [n, V] verifier
             q = torch.stack([run.q[s] for s in slots.tolist()])  # [n, V] what each token was drawn from
             tok = run.codes[slots]
-            ratio = p.gather(1, tok[:, None]).squeeze(1) / q.gather(1, tok[:, None]).squeeze(1).clamp(min=1e-30)
-            rejected = run.uniform(slots.numel()) >= ratio.clamp(max=1.0)
+            rejected = run.uniform(slots.numel()) >= acceptance(p, q, tok)
             if rejected.any():
                 fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
                 run.set_tokens(slots[rejected], fixes, draft=False)

@@ -5,7 +5,7 @@ not written yet are holes: fed with a placeholder that no other slot may attend 
 """
 import torch
 
-from ..engine import Policy, Run
+from ..run import Policy, Run
 
 
 class ZipARPolicy(Policy):
@@ -39,11 +39,10 @@ class ZipARPolicy(Policy):
             run.set_tokens(slots, run.sample(run.logp(logits[:, slots - run.start], slots)), draft=False)
             run.finalize(slots)
             done = run.final[cells].sum(1)
-            run.end = max(run.end, max(new) + 1)
+            run.set_end(max(run.end, max(new) + 1))
         for y in range(1, H):  # start a row once the row above has `window` tokens
             if not self.started[y] and self.started[y - 1] and done[y - 1] >= min(self.w, W):
                 self.started[y] = True
-                run.end = max(run.end, int(cells[y, 0]))  # the rest of row y-1 joins the window as holes
-        run.extend_over_forced()
+                run.set_end(max(run.end, int(cells[y, 0])))  # the rest of row y-1 joins the window as holes
         holes = run.open_in(run.cached, run.end)
         run.ids[holes] = run.model.code_to_id(torch.zeros_like(holes).to(run.model.device)).cpu()

@@ -19,7 +19,8 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt, head_rows_logits
+from ..session import Layout, Prompt
+from .base import GridModel, head_rows_logits
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
 IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"

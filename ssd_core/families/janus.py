@@ -17,7 +17,8 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt
+from ..session import Layout, Prompt
+from .base import GridModel
 
 USER, ASSISTANT = "<|User|>", "<|Assistant|>"
 IMAGE_START = "<begin_of_image>"

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt, head_rows_logits
+from ..session import Layout, Prompt
+from .base import GridModel, head_rows_logits
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")

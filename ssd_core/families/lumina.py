@@ -23,7 +23,8 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, Layout, Prompt, head_rows_logits
+from ..session import Layout, Prompt
+from .base import GridModel, head_rows_logits
 from .vqgan import VQGANDecoder, find_vqgan
 
 IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"

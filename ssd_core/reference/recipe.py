@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..sampling import SamplerSettings, sample_logits
 from . import data as D
 from .vq import VQModel, load_vq, save_vq
 
@@ -325,16 +326,11 @@ def sample_grids(model, meta: dict, classes: list[int], cfg: float = 3.0, temper
     cache = DynamicCache()
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     g = torch.Generator().manual_seed(seed)
+    settings = SamplerSettings(seed, cfg, temperature, top_k)
     out = []
     for t in range(H * W):
         logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits[:, -1, :V].float()
-        c, u = logits[:B], logits[B:]
-        lg = u + cfg * (c - u) if cfg != 1.0 else c
-        lg = lg / max(temperature, 1e-5)
-        if top_k and top_k < V:
-            kth = lg.topk(top_k, dim=-1).values[:, -1:]
-            lg = lg.masked_fill(lg < kth, float("-inf"))
-        nxt = torch.multinomial(F.softmax(lg, dim=-1), 1, generator=g).view(B)
+        nxt = sample_logits(logits.view(2, B, V), settings, g)  # rows: B conditional, then B unconditional
         out.append(nxt)
         ids = torch.cat([nxt, nxt]).view(2 * B, 1)
     return torch.stack(out, dim=1).view(B, H, W)

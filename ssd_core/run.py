@@ -1,0 +1,126 @@
+"""One generation's state (Run) and the decoder contract (Policy): what every decoder reads and writes.
+
+A policy decides, after each forward of the base model, which window tokens become final, which are
+corrected, and how far the window grows; it touches the state only through Run's helpers.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import trace as T
+from .sampling import SamplerSettings, draw, guide, gumbel, gumbel_argmax, log_probs
+from .session import Layout, Session
+
+
+class Run:
+    """Everything one generation knows; policies read and write it through the helpers below."""
+
+    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, session: Session):
+        self.model, self.heads, self.layout, self.settings, self.session = model, heads, layout, settings, session
+        L = layout.num_slots
+        self.L, self.V = L, model.image_vocab_size
+        self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
+        self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
+        self.final = layout.forced >= 0  # forced slots are final from the start
+        self.drafted = torch.full((L,), -1, dtype=torch.long)  # [L] first draft code of a slot
+        self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
+        self.step_of = torch.zeros(L, dtype=torch.int32)
+        self.round_of = torch.zeros(L, dtype=torch.int32)
+        self.end = 0  # window = [session.cached, end)
+        self.start = 0  # the window's first slot in the step being decided
+        self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
+        self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
+        self.steps = 0
+        self.head_calls = 0
+        self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
+        B, d = session.last_features.shape
+        self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
+        self.next_logits = model.image_logits(session.last_features)  # [B, V] raw logits for slot `cached`
+        self.prompt_features = session.last_features  # [B, d] features predicting slot 0
+        self.q: dict[int, torch.Tensor] = {}  # slot -> the distribution its current token was drawn from
+
+    # ---- views -----------------------------------------------------------------------------
+    @property
+    def cached(self) -> int:
+        return self.session.cached
+
+    def first_open(self) -> int:
+        """The first slot that is not final (L when done)."""
+        open_ = (~self.final).nonzero()
+        return int(open_[0]) if open_.numel() else self.L
+
+    def is_image(self, slot: int) -> bool:
+        return 0 <= slot < self.L and bool(self.layout.forced[slot] < 0)
+
+    def logp(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots."""
+        return log_probs(guide(logits, self.settings.cfg), self.settings, slots)
+
+    # ---- token writes ------------------------------------------------------------------------
+    def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft: bool = True) -> None:
+        changed = self.codes[slots] != codes  # the round in which a slot took its current value
+        self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
+        self.codes[slots] = codes
+        self.ids[slots] = self.model.code_to_id(codes.to(self.ids.device)).cpu()
+        if draft:
+            first = self.drafted[slots] < 0
+            self.drafted[slots[first]] = codes[first]
+
+    def finalize(self, slots: torch.Tensor) -> None:
+        """Mark image slots final with their current token; the status follows from the first draft.
+
+        round = the verification round (0 = the first check) in which the slot took its final value."""
+        if slots.numel() == 0:
+            return
+        drafted, codes = self.drafted[slots], self.codes[slots]
+        st = torch.where(drafted < 0, T.AR, torch.where(drafted == codes, T.ACCEPTED, T.CORRECTED))
+        self.status[slots] = st.to(torch.int8)
+        self.final[slots] = True
+        self.step_of[slots] = self.steps
+        self.round_of[slots] = self.value_round[slots]
+        for s in slots.tolist():
+            self.q.pop(s, None)
+
+    def set_end(self, end: int) -> None:
+        """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
+        tokens before them)."""
+        self.end = end
+        while self.end < self.L and self.layout.forced[self.end] >= 0:
+            self.end += 1
+
+    def open_in(self, lo: int, hi: int) -> torch.Tensor:
+        """Slots in [lo, hi) that are image cells and not final yet."""
+        idx = torch.arange(lo, min(hi, self.L))
+        return idx[~self.final[idx]]
+
+    def sample(self, logp: torch.Tensor) -> torch.Tensor:
+        """Independent samples from rows of log p (the seeded generator of this run)."""
+        return draw(logp, self.rng)
+
+    def gumbel_sample(self, logp: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise."""
+        if self.settings.temperature == 0:
+            return logp.argmax(-1).cpu()
+        noise = gumbel(self.settings.seed, slots, self.V)
+        return gumbel_argmax(logp.float().cpu(), noise)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.rng)
+
+
+class Policy:
+    """A decoder: `update` finalizes / corrects after a forward and extends the window with drafts."""
+
+    name = "policy"
+    needs_heads = False
+
+    def begin(self, run: Run) -> None:
+        pass
+
+    def visible(self, run: Run) -> torch.Tensor | None:
+        """Which window slots other slots may attend to (None: all, plain causal)."""
+        return None
+
+    def update(self, run: Run, logits: torch.Tensor, features: torch.Tensor | None) -> None:
+        """logits [B, n+1, V] raw per stream for slots cached..end; features [B, n, d] of the window."""
+        raise NotImplementedError
