@@ -110,7 +110,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_convert_vqgan(args) -> int:
-    from .convert_vqgan import main as convert
+    from .pixel_decoders.convert_vqgan import main as convert
 
     return convert([args.src, args.dst])
 

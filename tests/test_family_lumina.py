@@ -4,7 +4,7 @@ import torch
 
 import ssd_core
 from ssd_core.families.lumina import LuminaModel, crop_size_grids
-from ssd_core.families.vqgan import VQGANDecoder
+from ssd_core.pixel_decoders.chameleon_vqgan import VQGANDecoder
 from tiny_families import build_lumina, check_cfg_matches_unbatched, check_every_decoder, sequence_ids
 
 PROMPT = "a red cat"

@@ -28,7 +28,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def vq(meta):
-    from ssd_core.reference.vq import load_vq
+    from ssd_core.pixel_decoders.reference_vq import load_vq
     return load_vq(os.path.join(MODEL, meta["vq_decoder"]))
 
 
@@ -69,7 +69,7 @@ def test_vq_decode_shape(vq, meta):
 
 def test_vq_refuses_foreign_file(tmp_path):
     from safetensors.torch import save_file
-    from ssd_core.reference.vq import load_vq
+    from ssd_core.pixel_decoders.reference_vq import load_vq
     p = tmp_path / "x.safetensors"
     save_file({"a": torch.zeros(1)}, str(p))
     with pytest.raises(ValueError, match="not a reference VQ file"):

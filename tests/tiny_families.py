@@ -146,7 +146,7 @@ def build_lumina(folder, seed: int = 0, dtype=torch.float32, with_vqgan: bool = 
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     if with_vqgan:
-        from ssd_core.families.vqgan import VQGANDecoder
+        from ssd_core.pixel_decoders.chameleon_vqgan import VQGANDecoder
 
         vq = VQGANDecoder(tiny_vqgan_config())
         vq.save(str(folder / "vqgan.safetensors"))
@@ -154,7 +154,7 @@ def build_lumina(folder, seed: int = 0, dtype=torch.float32, with_vqgan: bool = 
 
 
 def tiny_vqgan_config():
-    from ssd_core.families.vqgan import VQGANConfig
+    from ssd_core.pixel_decoders.chameleon_vqgan import VQGANConfig
 
     return VQGANConfig(n_embed=CODES, embed_dim=8, z_channels=32, ch=32, ch_mult=[1, 2], num_res_blocks=1,
                        resolution=32, attn_resolutions=[16])

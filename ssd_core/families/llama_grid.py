@@ -113,7 +113,7 @@ class LlamaGridModel(GridModel):
         if not path:
             return None
         if self._vq is None:
-            from ..reference.vq import load_vq
+            from ..pixel_decoders.reference_vq import load_vq
 
             full = Path(path) if Path(path).is_absolute() else (self.folder or Path(".")) / path
             self._vq = load_vq(full, device="cpu", dtype=torch.float32)

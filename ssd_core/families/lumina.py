@@ -25,7 +25,7 @@ from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt
 from .base import GridModel, head_rows_logits
-from .vqgan import VQGANDecoder, find_vqgan
+from ..pixel_decoders.chameleon_vqgan import VQGANDecoder, find_vqgan
 
 IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 # Lumina-mGPT's ids in Chameleon's vocabulary (used when a name is missing from a model's vocabulary)

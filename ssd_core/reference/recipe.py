@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..sampling import SamplerSettings, sample_logits
 from . import data as D
-from .vq import VQModel, load_vq, save_vq
+from ..pixel_decoders.reference_vq import VQModel, load_vq, save_vq
 
 GRID = 24
 SEED = 0

@@ -18,7 +18,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ssd_core.families.vqgan import KEPT_PREFIXES, VQGANConfig, VQGANDecoder, infer_config, save_decoder_state
+from .chameleon_vqgan import KEPT_PREFIXES, VQGANConfig, VQGANDecoder, infer_config, save_decoder_state
 
 
 class ConversionError(ValueError):
