@@ -24,9 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..sampling import SamplerSettings, sample_logits
+from ssd_core.sampling import SamplerSettings, sample_logits
 from . import data as D
-from ..pixel_decoders.reference_vq import VQModel, load_vq, save_vq
+from ssd_core.pixel_decoders.reference_vq import VQModel, load_vq, save_vq
 
 GRID = 24
 SEED = 0
