@@ -1,12 +1,11 @@
 """Retrain the bundled reference model from scratch on CPU, with fixed seeds.
 
-    python -m ssd_core.reference.recipe --out DIR [--quick]
+    python -m reference_recipe --out DIR [--quick]
 
 Stages: data (render the emoji) -> VQ autoencoder -> tokenize every image (+ augmented copies)
 -> class-conditional Llama over 24x24 token grids -> (heads: see the marked stage at the end).
-Other modes:
-    python -m ssd_core.reference.recipe --sample MODEL_DIR [--png out.png]   # sample sheet
-    python -m ssd_core.reference.recipe --eval MODEL_DIR                     # held-out figures
+Other mode:
+    python -m reference_recipe --sample MODEL_DIR [--png out.png]   # sample sheet
 """
 from __future__ import annotations
 
@@ -373,7 +372,7 @@ def write_heldout_file(model_dir: str, tok: dict, ds: dict, path: str, n_grids: 
     save_file({"tokens": toks.contiguous(), "labels": labs.contiguous(),
                "images": torch.from_numpy(np.ascontiguousarray(imgs))}, path,
               metadata={"nll": f"{nll:.5f}", "vq_mse": f"{ev['mse']:.6f}", "vq_psnr": f"{ev['psnr']:.3f}",
-                        "note": "held-out glyphs of ssd_core.reference.data (split seed 1234)"})
+                        "note": "held-out glyphs of reference_recipe.data (split seed 1234)"})
     log(f"wrote {path}: {len(toks)} grids NLL {nll:.4f}; {len(imgs)} images VQ MSE {ev['mse']:.5f}")
     return nll, ev
 
@@ -462,13 +461,13 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     # 5. heads  ------------------------------------------------------------------------------
     # the engine's self-distillation trainer, with the settings of the shipped heads (about 15 min here)
     log("stage 5/5: draft heads")
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
     cmd = [sys.executable, "-m", "ssd_core", "train-heads", "--model", model_dir,
            "--out", os.path.join(model_dir, "heads.safetensors"), "--seed", "0",
            "--samples", "16" if quick else "384", "--heldout", "4" if quick else "32",
            "--epochs", "1" if quick else "10", "--gen-batch", "32", "--batch", "16"]
     log("  " + " ".join(cmd))
-    subprocess.run(cmd, check=True, cwd=os.path.dirname(here))
+    subprocess.run(cmd, check=True, cwd=here)
     figures["total_minutes"] = (time.time() - t_all) / 60
     with open(os.path.join(out, "figures.json"), "w") as f:
         json.dump(figures, f, indent=1)
@@ -477,7 +476,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ssd_core.reference.recipe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m reference_recipe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder (retrain everything)")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run of every stage (minutes)")
