@@ -105,6 +105,7 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
             "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
             "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
+            **round0_acceptance(runs),
         })
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
@@ -119,16 +120,27 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     return report
 
 
+def round0_acceptance(runs) -> dict:
+    """Measured accepted share and expected acceptance sum min(p, q) of the round-0 checks (ssd), image means."""
+    pairs = [r.trace.acceptance_round0() for r in runs]
+    pairs = [p for p in pairs if p[0] is not None]
+    if not pairs:
+        return {"acceptance_round0": None, "expected_acceptance": None}
+    return {"acceptance_round0": round(statistics.mean(p[0] for p in pairs), 4),
+            "expected_acceptance": round(statistics.mean(p[1] for p in pairs), 4)}
+
+
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
-            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
+            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
+            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}  {ident}")
     if "verify_cost" in report:
         log("verify forward cost relative to a 1-token forward: " +
             ", ".join(f"{k} tokens {v:.2f}x" for k, v in report["verify_cost"].items()))
@@ -202,5 +214,7 @@ def labelled(image, text: str, width: int = 84):
     return np.concatenate([np.asarray(pad, dtype=np.float32) / 255.0, image], axis=1)
 
 
-def _num(value, scale: float) -> str:
-    return "inf" if value is None else f"{value * scale:.{4 if scale == 1 else 2}f}"
+def _num(value, scale: float, missing: str = "inf", digits: int | None = None) -> str:
+    if value is None:
+        return missing
+    return f"{value * scale:.{digits if digits is not None else (4 if scale == 1 else 2)}f}"

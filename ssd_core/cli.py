@@ -82,13 +82,14 @@ def cmd_train(args) -> int:
                                d["top_k"] if args.top_k is None else args.top_k,
                                d["top_p"] if args.top_p is None else args.top_p)
     cfg = TrainConfig(samples=args.samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
-                      ce_weight=args.ce_weight, seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch)
-    grids = prompts = None
-    if args.grids:
-        from .train import read_grids
+                      ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll, seed=args.seed,
+                      batch_grids=args.batch, gen_batch=args.gen_batch, max_steps=args.max_steps)
+    from .train import read_grids
 
-        prompts, grids = read_grids(args.grids, model)
-    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts)
+    prompts, grids = read_grids(args.grids, model) if args.grids else (None, None)
+    held = read_grids(args.heldout_grids, model) if args.heldout_grids else None
+    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts,
+                            features=args.features, heldout_grids=held)
     print(json.dumps(report))
     print(f"wrote {args.out}")
     return 0
@@ -133,11 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--heldout", type=int, default=16)
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--ce-weight", type=float, default=0.1)
+    t.add_argument("--ce-weight", type=float, default=0.1, help="argmax cross-entropy of the drafts (0 = off)")
+    t.add_argument("--kl-weight", type=float, default=1.0,
+                   help="KL of the model's processed guided distribution against the draft's (0 = off)")
+    t.add_argument("--unroll", type=int, default=0, help="horizontal head trained on its own outputs along "
+                   "rows to this chain depth (0 = the row's width - 1, 1 = teacher-forced pairs only)")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    t.add_argument("--features", default=None, help="store / reuse the training grids' features in this file")
+    t.add_argument("--heldout-grids", default=None, help="score on these grids (safetensors, like --grids) "
+                   "instead of the last --heldout training grids")
     t.add_argument("--batch", type=int, default=8, help="grids per optimiser step")
     t.add_argument("--gen-batch", type=int, default=8, help="grids generated at once")
-    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]) "
-                   "instead of sampling the model")
+    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]; "
+                   "comma-separated files are joined) instead of sampling the model")
     t.set_defaults(func=cmd_train)
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)

@@ -38,6 +38,7 @@ class Run:
         self.next_logits = model.image_logits(session.last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = session.last_features  # [B, d] features predicting slot 0
         self.q: dict[int, torch.Tensor] = {}  # slot -> the distribution its current token was drawn from
+        self.checks: list[torch.Tensor] = []  # [n, 4] per verification: round, column, accepted, expected
 
     # ---- views -----------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ with the first verification of the next one (both ride in one forward).
 """
 import torch
 
+from ..acceptance import record_checks
 from ..run import Policy, Run
 from ..sampling import acceptance, residual
 from .drafting import draft, rows_end
@@ -27,6 +28,7 @@ class SSDPolicy(Policy):
             q = torch.stack([run.q[s] for s in slots.tolist()])  # [n, V] what each token was drawn from
             tok = run.codes[slots]
             rejected = run.uniform(slots.numel()) >= acceptance(p, q, tok)
+            record_checks(run, slots, p, q, ~rejected)
             if rejected.any():
                 fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
                 run.set_tokens(slots[rejected], fixes, draft=False)
