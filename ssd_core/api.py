@@ -68,16 +68,18 @@ class Result:
 
 def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, draft_rows: int = 1, verify_rounds: int = 2, window: int | None = None,
+             top_p: float | None = None, draft_rows: int | None = None, verify_rounds: int | None = None,
+             window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
              grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
-    """Generate one image. Sampler values left as None take the model's defaults."""
+    """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
+    None the decoder's (decoders.DECODER_SPECS)."""
     d = getattr(model, "defaults", {})
     settings = SamplerSettings(
         seed=int(seed), cfg=float(d.get("cfg", 1.0) if cfg is None else cfg),
         temperature=float(d.get("temperature", 1.0) if temperature is None else temperature),
         top_k=d.get("top_k", 0) if top_k is None else top_k,
         top_p=float(d.get("top_p", 1.0) if top_p is None else top_p))
-    policy = make_policy(decoder, draft_rows, verify_rounds, window)
+    policy = make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent)
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)

@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 
 from .api import generate
-from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads
+from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads
 from .errors import SSDError
 from .trace import finite_or_none
+
+
+SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p")
 
 
 @dataclass
@@ -28,9 +31,12 @@ class BenchOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
-    draft_rows: int = DRAFT_ROWS.default
+    draft_rows: int | None = None  # None: each decoder's default
     verify_rounds: int = VERIFY_ROUNDS.default
     ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at verify_rounds)
+    ssd_adaptive: tuple[int, ...] = ()  # also one ssd row per adaptive percent (per verify-round count)
+    ssd_first_row: tuple[int, ...] = ()  # ssd rows for these stable_first_row values (else the default)
+    plot: str | None = None  # PNG: steps ratio against the nll_full gap (and class accuracy), one point a row
     window: int | None = None
     grid: tuple[int, int] | None = None
     verify_cost: bool = False  # also time one verify forward per window length
@@ -39,16 +45,22 @@ class BenchOptions:
     model_name: str = ""  # shown in the report
 
 
-def _variants(o: BenchOptions) -> list[tuple[str, str, int]]:
-    """(row label, decoder, verify rounds); ssd_rounds (0, 1, 2) gives one ssd row per round count."""
+def _variants(o: BenchOptions) -> list[tuple[str, str, dict]]:
+    """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
+    each adaptive percent (ssd_adaptive, besides the fixed schedule) and stable_first_row value."""
     out = []
     for name in o.decoders:
-        if name == "ssd" and o.ssd_rounds:
-            out += [(f"ssd r={r}", "ssd", int(r)) for r in o.ssd_rounds]
-        else:
-            out.append((name, name, o.verify_rounds))
+        if name != "ssd":
+            out.append((name, name, {"verify_rounds": o.verify_rounds}))
+            continue
+        for f in o.ssd_first_row or (None,):
+            for r in o.ssd_rounds or (o.verify_rounds,):
+                for a in (0, *o.ssd_adaptive):
+                    label = "ssd" + (f" r={r}" if o.ssd_rounds else "") + (f" a={a}" if a else "") + \
+                        (f" f={f}" if f is not None else "")
+                    out.append((label, "ssd", {"verify_rounds": int(r), "adaptive_percent": a, "stable_first_row": f}))
     if "ar" not in [v[1] for v in out]:
-        out.insert(0, ("ar", "ar", o.verify_rounds))
+        out.insert(0, ("ar", "ar", {"verify_rounds": o.verify_rounds}))
     return out
 
 
@@ -68,14 +80,14 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     results: dict[str, list] = {label: [] for label, _, _ in variants}
     out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        for label, decoder, rounds in variants:
+        for label, decoder, params in variants:
             drafts = needs_heads(decoder)
             if drafts and heads is None:
                 raise SSDError(f"bench of {decoder} needs heads: pass --heads FILE (or drop it from --decoders)")
             r = generate(model, heads if drafts else None, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                         draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
+                         draft_rows=o.draft_rows, window=o.window, **params,
                          grid=o.grid, decode_pixels=out_dir is not None)
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
@@ -105,13 +117,18 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
             "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
             "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
-            **round0_acceptance(runs),
+            **round0_acceptance(runs), "params": {k: v for k, v in runs[0].trace.settings.items() if k not in SAMPLER_KEYS},
         })
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
+    if o.plot:
+        from .bench_plot import plot_tradeoff
+
+        plot_tradeoff(report, o.plot)
+        log(f"wrote {o.plot}")
     if out_dir is not None:
         write_pngs(results, variants, out_dir, log)
     if o.json:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS
+from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS
 from .errors import SSDError
 from .trace import parse_grid
 
@@ -25,7 +25,8 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None, help="1 = off")
     for name, param in PARAMS.items():  # the decoders' parameters, their limits and defaults
         limits = f"{param.low}..{param.high}" if param.high is not None else f">= {param.low}"
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=param.default, help=f"{param.help}; {limits}")
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"{param.help}; {limits}; default: the decoder's ({param.default})")
     p.add_argument("--grid", default=None, help="token grid as HxW (default: the model's)")
 
 
@@ -52,7 +53,8 @@ def cmd_generate(args) -> int:
     result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, draft_rows=args.draft_rows, verify_rounds=args.verify_rounds,
-                      window=args.window, grid=parse_grid(args.grid))
+                      window=args.window, stable_first_row=args.stable_first_row,
+                      adaptive_percent=args.adaptive_percent, grid=parse_grid(args.grid))
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
@@ -81,7 +83,8 @@ def cmd_train(args) -> int:
                                d["temperature"] if args.temperature is None else args.temperature,
                                d["top_k"] if args.top_k is None else args.top_k,
                                d["top_p"] if args.top_p is None else args.top_p)
-    cfg = TrainConfig(samples=args.samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
+    samples = args.samples if args.samples is not None else (0 if args.grids else 256)
+    cfg = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
                       ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll, seed=args.seed,
                       batch_grids=args.batch, gen_batch=args.gen_batch, max_steps=args.max_steps)
     from .train import read_grids
@@ -103,8 +106,13 @@ def cmd_bench(args) -> int:
         decoders=tuple(d.strip() for d in args.decoders.split(",") if d.strip()), images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
-        verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
+        verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
+        window=args.window, grid=parse_grid(args.grid),
         ssd_rounds=tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else (),
+        ssd_adaptive=tuple(int(a) for a in args.ssd_adaptive.split(",")) if args.ssd_adaptive else (),
+        ssd_first_row=tuple(int(f) for f in args.ssd_first_row.split(",")) if args.ssd_first_row else
+        ((args.stable_first_row,) if args.stable_first_row is not None else ()),
+        plot=args.plot,
         verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
     run_bench(model, heads, options)
     return 0
@@ -130,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-heads", help="self-distil the draft heads for a model")
     _sampler_flags(t)
     t.add_argument("--out", required=True)
-    t.add_argument("--samples", type=int, default=256)
+    t.add_argument("--samples", type=int, default=None,
+                   help="grids the model samples itself (default 256, or 0 with --grids: both are joined)")
     t.add_argument("--heldout", type=int, default=16)
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--lr", type=float, default=2e-3)
@@ -156,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
+    b.add_argument("--ssd-adaptive", default=None, help="comma list of adaptive percents to bench beside the "
+                   "fixed schedule, e.g. 5,15 (per --ssd-rounds value: the cap)")
+    b.add_argument("--ssd-first-row", default=None, help="comma list of stable_first_row values to bench, e.g. 0,1")
+    b.add_argument("--plot", default=None, help="PNG: steps ratio against the nll_full gap (and class accuracy)")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
     b.set_defaults(func=cmd_bench)
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")

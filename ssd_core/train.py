@@ -191,16 +191,17 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     settings = settings or SamplerSettings(cfg.seed, d.get("cfg", 1.0), d.get("temperature", 1.0),
                                            d.get("top_k", 0), d.get("top_p", 1.0))
     layout = model.layout(None)
-    total = cfg.samples + (cfg.heldout if heldout_grids is None else 0)
     t0 = time.time()
-    if grids is None:
+    prompts, codes = (list(grid_prompts), grids) if grids is not None else ([], torch.zeros(0, layout.num_slots).long())
+    if grids is None or cfg.samples > 0:  # self-distilled grids (held out from the end of these)
+        total = cfg.samples + (cfg.heldout if heldout_grids is None else 0)
         share = math.ceil(total / accel.num_processes)
-        prompts = sample_prompts(model, share, rng)
+        sampled = sample_prompts(model, share, rng)
         log(f"generating {share} grids with the base model (process {accel.process_index})")
-        codes = generate_grids(model, prompts, SamplerSettings(settings.seed + accel.process_index, settings.cfg,
-                               settings.temperature, settings.top_k, settings.top_p), layout, cfg.gen_batch, log)
-    else:
-        prompts, codes = list(grid_prompts), grids
+        prompts += sampled
+        codes = torch.cat([codes, generate_grids(model, sampled, SamplerSettings(
+            settings.seed + accel.process_index, settings.cfg, settings.temperature, settings.top_k, settings.top_p),
+            layout, cfg.gen_batch, log)])
     t_gen = time.time() - t0
     if heldout_grids is None:
         n_held = max(1, min(cfg.heldout, len(prompts) - 1))

@@ -91,3 +91,47 @@ def test_run_records_measured_and_expected_acceptance_by_round(tiny):
         assert len(r.trace.to_dict()["acceptance_round0_by_column"]) == model.layout(None).grid[1]
     sd = math.sqrt(expected / checked * (1 - expected / checked) / checked)
     assert abs(accepted - expected) / checked < 4 * sd + 0.01
+
+
+def test_stable_first_row_is_greedy_ar_at_temperature_zero(tiny):
+    """Row 0 verified until a round changes nothing: at temperature 0 that fixed point is greedy AR's row."""
+    model, heads = tiny
+    H, W = model.layout(None).grid
+    ar = ssd_core.generate(model, None, prompt=2, decoder="ar", seed=0, temperature=0, score=False)
+    stable = ssd_core.generate(model, heads, prompt=2, decoder="ssd", seed=0, temperature=0, verify_rounds=0,
+                               score=False)
+    fixed = ssd_core.generate(model, heads, prompt=2, decoder="ssd", seed=0, temperature=0, verify_rounds=0,
+                              stable_first_row=0, score=False)
+    assert torch.equal(stable.tokens[0], ar.tokens[0])
+    assert fixed.trace.steps == H and H <= stable.trace.steps <= H - 1 + W + 1
+    assert stable.trace.settings["stable_first_row"] == 1 and fixed.trace.settings["stable_first_row"] == 0
+
+
+def test_adaptive_schedule_ends_blocks_early(tiny):
+    model, heads = tiny
+    kw = dict(prompt=1, decoder="ssd", seed=4, score=False, stable_first_row=0)
+    r0 = ssd_core.generate(model, heads, verify_rounds=0, **kw)
+    r2 = ssd_core.generate(model, heads, verify_rounds=2, **kw)
+    everything = ssd_core.generate(model, heads, verify_rounds=2, adaptive_percent=100, **kw)
+    assert torch.equal(everything.tokens, r0.tokens) and everything.trace.steps == r0.trace.steps < r2.trace.steps
+    some = ssd_core.generate(model, heads, verify_rounds=2, adaptive_percent=20, **kw)
+    assert r0.trace.steps <= some.trace.steps <= r2.trace.steps
+
+
+def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from ssd_core.bench import BenchOptions, run_bench
+
+    model, heads = tiny
+    o = BenchOptions(decoders=("ar", "ssd", "ssd-exact"), images=2, ssd_rounds=(0, 2), ssd_adaptive=(20,),
+                     plot=str(tmp_path / "tradeoff.png"))
+    report = run_bench(model, heads, o, log=lambda *_: None)
+    rows = {r["decoder"]: r for r in report["rows"]}
+    assert set(rows) == {"ar", "ssd r=0", "ssd r=0 a=20", "ssd r=2", "ssd r=2 a=20", "ssd-exact"}
+    assert rows["ssd r=2 a=20"]["params"]["adaptive_percent"] == 20
+    assert 0 < rows["ssd r=2"]["acceptance_round0"] <= 1 and 0 < rows["ssd r=2"]["expected_acceptance"] <= 1
+    assert rows["ar"]["acceptance_round0"] is None and rows["ssd-exact"]["expected_acceptance"] is None
+    img = Image.open(tmp_path / "tradeoff.png")
+    assert img.size[0] >= 400 and len(np.unique(np.asarray(img.convert("L")))) > 2  # drawn, not blank
