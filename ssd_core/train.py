@@ -1,4 +1,4 @@
-"""Self-distillation of the draft heads (spec section 3), trained for acceptance.
+"""Self-distillation of the draft heads, trained for acceptance.
 
 1. grids: the base model samples its own images (batched AR with CFG), and/or grids are read from files
    (e.g. the model's tokenised training data: `python -m reference_recipe.grids`);
