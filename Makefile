@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 16
 
-.PHONY: install demo test test-engine-457 bench-tiny
+.PHONY: install demo test test-engine-457 bench-tiny heads
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,15 @@ test-engine-457:
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py
+
+# the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (4 copies each)
+# plus HEADS_SAMPLES self-distilled grids, the last 32 of them held out; features stored in build/heads/
+HEADS_SAMPLES ?= 1024
+HEADS_STEPS ?= 3000
+heads: install
+	mkdir -p build/heads
+	$(PY) -m reference_recipe.grids --model ssd_core/reference/model --out build/heads/data_grids.safetensors \
+		--copies 4 --cache build/heads/emoji.npz
+	$(PY) -m ssd_core train-heads --model reference --grids build/heads/data_grids.safetensors \
+		--samples $(HEADS_SAMPLES) --heldout 32 --gen-batch 32 --batch 16 --epochs 100 --max-steps $(HEADS_STEPS) \
+		--features build/heads/features.safetensors --out build/heads/heads.safetensors

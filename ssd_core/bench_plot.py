@@ -24,13 +24,13 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, rows: list, xkey: str, xlabel: st
     xlo, xhi = min(xs + [0.0]), max(xs + [0.0])
     ylo, yhi = 0.0, max(ys) * 1.1
     xlo, xhi = xlo - 0.05 * (xhi - xlo + 1e-9), xhi + 0.1 * (xhi - xlo + 1e-9)
-    left, top, size = x0 + PAD, PAD // 2 + 14, PANEL - PAD - 10
+    left, top, size = x0 + PAD, 40, PANEL - PAD - 10
 
     def at(x, y):
         return left + (x - xlo) / (xhi - xlo) * size, top + size - (y - ylo) / (yhi - ylo) * size
 
     draw.rectangle([left, top, left + size, top + size], outline=(0, 0, 0))
-    draw.text((left, 4), title, fill=(0, 0, 0))
+    draw.text((x0 + 4, 4), title, fill=(0, 0, 0))
     for t in _ticks(xlo, xhi):
         x, _ = at(t, ylo)
         draw.line([x, top + size, x, top + size + 4], fill=(0, 0, 0))
@@ -40,7 +40,7 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, rows: list, xkey: str, xlabel: st
         draw.line([left - 4, y, left, y], fill=(0, 0, 0))
         draw.text((left - 34, y - 6), f"{t:.1f}", fill=(0, 0, 0))
     draw.text((left + size // 2 - 60, top + size + 22), xlabel, fill=(0, 0, 0))
-    draw.text((x0 + 4, top - 12), "steps ratio (x fewer than ar)", fill=(0, 0, 0))
+    draw.text((x0 + 4, 22), "steps ratio (x fewer than ar)", fill=(0, 0, 0))
     for x, y, r in pts:
         px, py = at(x, y)
         if r.get("identical_to_ar"):
@@ -55,7 +55,7 @@ def plot_tradeoff(report: dict, path: str) -> None:
     panels = [("nll_full_gap", "nll_full gap to ar (%)", 100.0, "speed vs fidelity")]
     if any(r.get("class_acc") is not None for r in rows):
         panels.append(("class_acc", "class accuracy (%)", 100.0, "speed vs class accuracy"))
-    img = Image.new("RGB", (PANEL * len(panels), PANEL), (255, 255, 255))
+    img = Image.new("RGB", (PANEL * len(panels), PANEL + 50), (255, 255, 255))
     draw = ImageDraw.Draw(img)
     for i, (key, label, scale, title) in enumerate(panels):
         _panel(draw, i * PANEL, rows, key, label, scale, f"{title}, {report.get('images')} images "
