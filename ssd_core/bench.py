@@ -143,8 +143,15 @@ def round0_acceptance(runs) -> dict:
     pairs = [p for p in pairs if p[0] is not None]
     if not pairs:
         return {"acceptance_round0": None, "expected_acceptance": None}
+    rounds: dict[str, dict] = {}
+    for r in runs:
+        for k, v in r.trace.acceptance.get("by_round", {}).items():
+            rounds.setdefault(k, {"accepted": [], "expected": []})
+            rounds[k]["accepted"].append(v["accepted"])
+            rounds[k]["expected"].append(v["expected"])
     return {"acceptance_round0": round(statistics.mean(p[0] for p in pairs), 4),
-            "expected_acceptance": round(statistics.mean(p[1] for p in pairs), 4)}
+            "expected_acceptance": round(statistics.mean(p[1] for p in pairs), 4),
+            "acceptance_by_verify_round": {k: {m: round(statistics.mean(v[m]), 4) for m in v} for k, v in rounds.items()}}
 
 
 def print_table(report: dict, log=print) -> None:

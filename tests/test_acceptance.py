@@ -133,5 +133,7 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
     assert rows["ssd r=2 a=20"]["params"]["adaptive_percent"] == 20
     assert 0 < rows["ssd r=2"]["acceptance_round0"] <= 1 and 0 < rows["ssd r=2"]["expected_acceptance"] <= 1
     assert rows["ar"]["acceptance_round0"] is None and rows["ssd-exact"]["expected_acceptance"] is None
+    by_round = rows["ssd r=2"]["acceptance_by_verify_round"]
+    assert {"0", "1", "2"} <= set(by_round) and by_round["0"]["accepted"] == rows["ssd r=2"]["acceptance_round0"]
     img = Image.open(tmp_path / "tradeoff.png")
     assert img.size[0] >= 400 and len(np.unique(np.asarray(img.convert("L")))) > 2  # drawn, not blank
