@@ -70,14 +70,29 @@ class SSDLoadHeads:
             "required": {
                 "ssd_model": ("SSD_MODEL",),
                 "heads": (_comfy.heads_choices(), {"default": _comfy.BUNDLED}),
-            }
+            },
+            "optional": {
+                "hub_repo": ("STRING", {"default": "", "tooltip": "a Hugging Face repo id (owner/name) holding "
+                             "heads; when set it replaces the heads list. Kept in models/ssd_heads/<repo id>"}),
+                "hub_file": ("STRING", {"default": "heads.safetensors", "tooltip": "the heads file in that repo"}),
+                "download": ("BOOLEAN", {"default": False, "tooltip": "fetch the file from the Hub when it is not "
+                             "in models/ssd_heads yet (off: never touch the network)"}),
+            },
         }
 
-    def load(self, ssd_model, heads="reference"):
+    def load(self, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
         if not isinstance(ssd_model, SSDModel):
             raise ssd_core.SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)'.")
-        if heads == _comfy.NO_HEADS:
+        if hub_repo and hub_repo.strip():
+            folders = _comfy.folder_dirs(_comfy.HEADS_KEY)
+            if not folders:
+                raise ssd_core.SSDError("no ssd_heads folder is known to keep Hub heads in (ComfyUI's "
+                                        "models/ssd_heads, or SSD_HEADS_DIR outside ComfyUI)")
+            path = ssd_core.hub_file(hub_repo, hub_file, folders[0], download=bool(download))
+            heads = f"{hub_repo.strip()}/{hub_file.strip()}"
+        elif heads == _comfy.NO_HEADS:
             return (ssd_model.with_heads(None, heads),)
-        path = _comfy.resolve_heads(heads)
+        else:
+            path = _comfy.resolve_heads(heads)
         loaded = ssd_core.load_heads(path, ssd_model.model)
         return (ssd_model.with_heads(loaded, heads),)
