@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub
+from . import hub, memory
 from .decoders import make_policy
 from .engine import decode
 from .errors import SSDError
@@ -34,18 +34,23 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
-               family: str | None = None, download: str | bool | None = None, **kwargs):
+               family: str | None = None, download: str | bool | None = None, quantization: str = "none",
+               offload: str = "none", free_bytes: int | None = None, **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
-    without files is fetched first. Nothing touches the network otherwise.
+    without files is fetched first. Nothing touches the network otherwise. quantization none / 8-bit / 4-bit
+    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py.
     """
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
+    memory.check_choice(quantization, offload)
     if family is not None and family != "llama-grid":  # the family's loader names repo ids and downloads
+        kwargs.update(memory.placement(family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
         return family_class(family).load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
     family = family or detect_family(folder)
+    kwargs.update(memory.placement(family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
     if download is not None and family != "llama-grid":
         kwargs["download"] = download
     return family_class(family).load(folder, resolve_dtype(dtype, device), device, **kwargs)
