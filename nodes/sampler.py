@@ -5,7 +5,8 @@ import time
 import torch
 
 from .. import ssd_core
-from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, without_heads
+from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads, without_heads
+from ..ssd_core.memory import out_of_memory
 from ..ssd_core.families.llama_grid import class_index
 from ..ssd_core.trace import parse_grid
 from . import _comfy
@@ -138,7 +139,7 @@ class SSDSampler:
             verify_rounds=int(verify_rounds),
             grid=parse_grid(grid),
         )
-        heads = ssd_model.heads if needs_heads(decoder) else None
+        heads = ssd_model.heads if uses_heads(decoder) else None
 
         h, w = kwargs["grid"] or tuple(model.default_grid)
         progress = _comfy.Progress(h * w, unique_id)
@@ -153,10 +154,16 @@ class SSDSampler:
                 progress.send("ssd.grid", trace_mod.live(p, decoder, time.monotonic() - t0))
 
         try:
+            _comfy.load_to_device(ssd_model.patcher)  # back on the GPU if ComfyUI unloaded it
+            if heads is not None:
+                heads.to(model.device)
             result = ssd_core.generate(model, heads, on_step=on_step,
                                        should_cancel=_comfy.processing_interrupted, **kwargs)
         except ssd_core.Cancelled:
             raise _comfy.interrupt_exception()("SSD sampling was cancelled") from None
+        except torch.OutOfMemoryError:
+            _comfy.soft_empty_cache()
+            raise out_of_memory("sampling") from None
 
         full = result.trace.to_dict()
         small = trace_mod.compact(full, done=True)

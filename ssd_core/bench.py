@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .api import generate
-from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads
+from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none
 
@@ -69,10 +69,9 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, rounds in variants:
-            drafts = needs_heads(decoder)
-            if drafts and heads is None:
+            if needs_heads(decoder) and heads is None:
                 raise SSDError(f"bench of {decoder} needs heads: pass --heads FILE (or drop it from --decoders)")
-            r = generate(model, heads if drafts else None, prompt=prompt,
+            r = generate(model, heads if uses_heads(decoder) else None, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,

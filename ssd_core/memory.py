@@ -182,3 +182,9 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+def out_of_memory(stage: str) -> SSDError:
+    """The error for a CUDA out-of-memory while `stage` ('loading the model', 'sampling'): what to try."""
+    return SSDError(f"out of GPU memory while {stage}: try quantization 4-bit (or 8-bit), offload auto, a smaller "
+                    f"grid, a smaller model (Janus-Pro-1B), or free VRAM first (Unload models)")

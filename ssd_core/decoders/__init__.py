@@ -48,6 +48,10 @@ class DecoderSpec:
     def needs_heads(self) -> bool:
         return self.policy.needs_heads
 
+    @property
+    def uses_heads(self) -> bool:
+        return self.policy.uses_heads
+
 
 DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
@@ -68,6 +72,11 @@ def spec(name: str) -> DecoderSpec:
 
 def needs_heads(name: str) -> bool:
     return spec(name).needs_heads
+
+
+def uses_heads(name: str) -> bool:
+    """The decoder drafts with heads when they are given (ssd, ssd-exact)."""
+    return spec(name).uses_heads
 
 
 def without_heads() -> str:
