@@ -71,11 +71,11 @@ class Result:
     trace: Trace
 
 
-def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd", seed: int = 0,
+def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, draft_rows: int = 1, verify_rounds: int = 2, window: int | None = None,
+             top_p: float | None = None, draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None,
              grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
-    """Generate one image. Sampler values left as None take the model's defaults."""
+    """Generate one image. Sampler values left as None take the model's defaults; draft_rows 0 the decoder's."""
     d = getattr(model, "defaults", {})
     settings = SamplerSettings(
         seed=int(seed), cfg=float(d.get("cfg", 1.0) if cfg is None else cfg),

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
-    g.add_argument("--decoder", default="ssd", choices=list(DECODERS))
+    g.add_argument("--decoder", default="ssd-exact", choices=list(DECODERS),
+                   help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not")
     g.add_argument("--out", default=None, help="PNG to write")
     g.add_argument("--status-image", default=None, help="PNG of the token-status grid")
     g.add_argument("--trace", default=None, help="trace JSON to write")

@@ -155,9 +155,11 @@ def test_node_mappings_and_inputs():
         assert callable(getattr(cls, cls.FUNCTION))
         assert cls.CATEGORY == "sampling/SSD"
     req = m["SSDSampler"].INPUT_TYPES()["required"]
-    assert list(req) == ["ssd_model", "prompt", "negative_prompt", "seed", "cfg", "temperature", "top_k", "top_p",
+    assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
+    assert list(m["SSDSampler"].INPUT_TYPES()["optional"]) == ["negative_prompt"]
     assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
+    assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True
     # the widgets' limits are the engine's: the largest value is accepted, one more is refused
     for name in ("draft_rows", "verify_rounds"):
@@ -376,9 +378,8 @@ def test_sampler_errors_say_what_to_do(ref_model, kw, match):
 
 def test_sampler_needs_heads_for_ssd(ref_model):
     (bare,) = nodes.SSDLoadHeads().load(ref_model, "none")
-    for decoder in ("ssd", "ssd-exact"):
-        with pytest.raises(core.SSDError, match="Load SSD Heads"):
-            run(bare, decoder=decoder)
+    with pytest.raises(core.SSDError, match="Load SSD Heads"):
+        run(bare, decoder="ssd")
     with pytest.raises(core.SSDError, match="Load AR Image Model"):
         run("nothing")
 

@@ -65,7 +65,7 @@ def rows_end(run: Run, first_slot: int, rows: int) -> int:
     return run.L if last_row >= H else last_row * stride
 
 
-def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | None = None, repeat=False) -> None:
+def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | None = None) -> None:
     """Fill slots [run.end, target) without heads: a cell below the first row starts as a copy of the cell
     above; a first-row cell as the Gumbel pick of `first_row_logp` [V] (the verifier's latest log p) with
     its own slot's noise (nothing is drafted in the first row without it). Forced slots keep their ids."""
@@ -75,8 +75,6 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
         if run.is_image(s):
             if s >= stride:
                 code = run.codes[s - stride:s - stride + 1].clone()
-            elif repeat and s > 0 and run.codes[s - 1] >= 0:
-                code = run.codes[s - 1:s].clone()
             elif first_row_logp is not None:
                 code = run.gumbel_sample(first_row_logp[None], torch.tensor([s]))
             else:

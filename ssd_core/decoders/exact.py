@@ -2,13 +2,12 @@
 
 Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very image `ar` makes for the
 seed. A window token is final while every token before it was final or matched the verifier's output;
-the rest take the verifier's outputs (Jacobi iteration) and the heads only extend the window.
+the rest take the verifier's outputs (Jacobi iteration); heads, when given, only extend the window. Without
+heads the new rows start as copies of the row above, and the first row from the verifier's latest output.
 """
 import torch
 
 from ..run import Policy, Run
-import os
-
 from .drafting import draft, draft_without_heads, rows_end
 
 
@@ -47,5 +46,4 @@ class ExactPolicy(Policy):
         if run.heads is not None:
             draft(run, target, run.gumbel_sample)
         else:
-            mode = os.environ.get("SSD_FIRST", "gumbel")
-            draft_without_heads(run, target, latest if mode == "gumbel" else None, repeat=mode == "repeat")
+            draft_without_heads(run, target, latest)

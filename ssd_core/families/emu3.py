@@ -40,6 +40,18 @@ SHAPES = {
 }
 
 
+def ratio_grids(default_grid) -> list[tuple[int, int]]:
+    """The default grid, then its area at each of RATIOS (width:height) as (rows, cols)."""
+    area = default_grid[0] * default_grid[1]
+    out = [tuple(default_grid)]
+    for rw, rh in RATIOS:
+        s = math.sqrt(area / (rw * rh))
+        g = (max(1, round(rh * s)), max(1, round(rw * s)))
+        if g not in out:
+            out.append(g)
+    return out
+
+
 def random_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
     """A vocabulary map laid out as Emu3's: visual tokens last, the special tokens just below them, and the
     characters the image prefix needs."""
@@ -157,14 +169,8 @@ class Emu3Model(GridModel):
 
     def grid_options(self):
         """The default area at Emu3's processor's aspect ratios (its `calculate_generate_size`)."""
-        area = self.default_grid[0] * self.default_grid[1]
-        out = [tuple(self.default_grid)]
-        for rw, rh in RATIOS:
-            s = math.sqrt(area / (rw * rh))
-            g = (max(1, round(rh * s)), max(1, round(rw * s)))
-            if g not in out and self._length(g) <= self.max_positions - PROMPT_ALLOWANCE:
-                out.append(g)
-        return out
+        return [g for g in ratio_grids(self.default_grid)
+                if g == tuple(self.default_grid) or self._length(g) <= self.max_positions - PROMPT_ALLOWANCE]
 
     def layout(self, grid=None) -> Layout:
         return Layout.build(self.check_grid(grid), self.eol_id, (self.eof_id, self.eoi_id, self.eos_id))
