@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS
+from .decoders import DECODERS, PARAMS, needs_heads
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
 from .trace import parse_grid
@@ -103,8 +103,12 @@ def cmd_bench(args) -> int:
     from .bench import BenchOptions, run_bench
 
     model, heads = _load(args)
+    if args.decoders is None:  # every decoder that can run: without heads, those that need none
+        decoders = tuple(d for d in DECODERS if heads is not None or not needs_heads(d))
+    else:
+        decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
     options = BenchOptions(
-        decoders=tuple(d.strip() for d in args.decoders.split(",") if d.strip()), images=args.images,
+        decoders=decoders, images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
         verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
@@ -148,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
-    b.add_argument("--decoders", default=",".join(DECODERS))
+    b.add_argument("--decoders", default=None, help="comma list (default: every decoder the heads allow); "
+                   "NAME:noheads runs a decoder without the loaded heads, e.g. ssd-exact,ssd-exact:noheads")
     b.add_argument("--images", type=int, default=4)
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")

@@ -64,3 +64,27 @@ def test_matches_ar_on_the_families(family, build, prompt, tmp_path):
                                decode_pixels=False)
         assert torch.equal(ex.tokens, ar.tokens), (family, seed, rows)
         assert ex.trace.steps <= ar.trace.steps
+
+
+def test_bench_rows_with_and_without_heads(tmp_path):
+    """`bench --heads none` runs the decoders that need no heads; 'ssd-exact:noheads' is a row of ssd-exact
+    without the loaded heads, beside the row with them; both identical to ar."""
+    import json
+
+    from ssd_core.cli import main
+    from tiny import make_heads
+
+    folder = make_llama_grid(tmp_path / "model", grid=(4, 5))
+    heads = make_heads(ssd_core.load_model(folder), tmp_path / "heads.safetensors")
+    out = tmp_path / "none.json"
+    assert main(["bench", "--model", str(folder), "--heads", "none", "--images", "2", "--json", str(out)]) == 0
+    rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "ssd-exact", "sjd", "zipar"} and rows["ssd-exact"]["identical_to_ar"] is True
+    out = tmp_path / "both.json"
+    assert main(["bench", "--model", str(folder), "--heads", str(heads), "--images", "2", "--decoders",
+                 "ssd-exact,ssd-exact:noheads", "--json", str(out)]) == 0
+    rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "ssd-exact", "ssd-exact:noheads"}
+    assert rows["ssd-exact"]["identical_to_ar"] is True and rows["ssd-exact:noheads"]["identical_to_ar"] is True
+    assert rows["ssd-exact"]["accepted_share"] != rows["ssd-exact:noheads"]["accepted_share"] or \
+        rows["ssd-exact"]["steps"] != rows["ssd-exact:noheads"]["steps"]  # the heads drafted differently
