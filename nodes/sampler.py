@@ -6,6 +6,7 @@ import torch
 
 from .. import ssd_core
 from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads, without_heads
+from ..ssd_core.families import families_with_negative_prompts
 from ..ssd_core.memory import out_of_memory
 from ..ssd_core.families.llama_grid import class_index
 from . import _comfy, grids
@@ -15,13 +16,6 @@ from .loaders import SSDModel
 SSDError = ssd_core.SSDError
 AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p
 PREVIEW_INTERVAL_S = 0.25
-
-
-def negative_families() -> str:
-    """The families whose models take a negative prompt, as words."""
-    from ..ssd_core.families import FAMILIES, family_class
-
-    return " and ".join(f for f in FAMILIES if getattr(family_class(f), "negative_prompts", False))
 
 
 def resolve_prompt(model, text):
@@ -116,7 +110,7 @@ class SSDSampler:
             },
             "optional": {
                 "negative_prompt": ("STRING", {"multiline": True, "default": "", "tooltip":
-                                    f"what to steer away from: only {negative_families()} models take one; "
+                                    f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
                                     "leave it empty for the others"}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
@@ -136,7 +130,7 @@ class SSDSampler:
                            f"model loader and this sampler, or pick decoder {without_heads()}.")
         if negative_prompt and negative_prompt.strip() and not getattr(model, "negative_prompts", False):
             raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: clear it "
-                           f"(only {negative_families()} models take one).")
+                           f"(only {', '.join(families_with_negative_prompts())} models take one).")
         kwargs = dict(
             prompt=resolve_prompt(model, prompt),
             negative_prompt=negative_prompt or "",

@@ -1,14 +1,15 @@
 """Load SSD Heads from a Hugging Face repo id + file, without network: the local HF cache layout, a file
 already in models/ssd_heads, and the errors when the file is not here (download off, or offline)."""
-import importlib
 import shutil
 
 import pytest
 import torch
 
-from test_nodes import REF_DIR, core, heads_missing, nodes
+from conftest import REF_DIR, heads_missing, load_pack, pack_module
 
-comfy_glue = importlib.import_module("comfyui_ssd_pack.nodes._comfy")
+nodes = load_pack()
+core = pack_module("ssd_core")
+comfy_glue = pack_module("nodes._comfy")
 REPO, FILE = "someone/ssd-heads-reference", "v1/heads.safetensors"
 
 

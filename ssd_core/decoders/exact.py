@@ -5,7 +5,6 @@ seed. A window token is final while every token before it was final or matched t
 the rest take the verifier's outputs (Jacobi iteration); heads, when given, only extend the window. Without
 heads the new rows start as copies of the row above, and the first row from the verifier's latest output.
 """
-import torch
 
 from ..run import Policy, Run
 from .drafting import draft, draft_without_heads, rows_end
