@@ -26,7 +26,7 @@ KEEP_FULL = {
     "lumina": ["lm_head", "model.vqmodel"],
 }
 RESERVE_BYTES = 2 * 2**30  # VRAM left free under offload for the KV cache and activations
-MIN_BNB_CPU = (0, 48)  # bitsandbytes releases from here on run 8-bit and 4-bit on the CPU too
+MIN_BNB_CPU = (0, 50)  # bitsandbytes runs 8-bit and 4-bit on the CPU too from here on (0.50.2 tested)
 
 
 def check_choice(quantization: str, offload: str) -> None:

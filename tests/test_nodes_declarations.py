@@ -44,7 +44,7 @@ def test_node_mappings_and_inputs():
     assert req["seed"][1]["control_after_generate"] is True
     # the negative prompt's tooltip names exactly the families that take one
     families = pack_module("ssd_core.families")
-    tip = req["negative_prompt"][1]["tooltip"]
+    tip = m["SSDSampler"].INPUT_TYPES()["optional"]["negative_prompt"][1]["tooltip"]
     for name in families.FAMILIES:
         assert (name in tip) == families.family_class(name).negative_prompts, name
     # the widgets' limits are the engine's: the largest value is accepted, one more is refused

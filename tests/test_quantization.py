@@ -1,6 +1,6 @@
 """Loading for consumer GPUs: quantization (bitsandbytes) and offload (accelerate) choices reach
 from_pretrained, the modules the engine reads stay in full precision, and a choice that cannot work here is
-a clear SSDError. Where bitsandbytes runs (its CPU build, >= 0.48), ssd-exact still equals ar quantized."""
+a clear SSDError. Where bitsandbytes runs (>= 0.50 runs on the CPU), ssd-exact still equals ar quantized."""
 import importlib.util
 
 import pytest
@@ -58,7 +58,7 @@ def test_quantization_without_bitsandbytes_names_what_to_install(grid_folder, qu
         ssd_core.load_model(grid_folder, quantization=quantization)
 
 
-@pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes is not installed (pip install bitsandbytes>=0.48 runs on the CPU)")
+@pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes is not installed (pip install bitsandbytes>=0.50 runs on the CPU)")
 @pytest.mark.parametrize("quantization", ["8-bit", "4-bit"])
 def test_quantized_model_runs_ssd_exact_equal_to_ar(grid_folder, quantization):
     import bitsandbytes as bnb
