@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 16
 
-.PHONY: install demo test test-engine-457 bench-tiny heads
+.PHONY: install demo test test-engine-457 bench-tiny heads weights-table gpu-memory
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,3 +41,13 @@ heads: install
 	$(PY) -m ssd_core train-heads --model reference --grids build/heads/data_grids.safetensors \
 		--samples $(HEADS_SAMPLES) --heldout 32 --gen-batch 32 --batch 16 --epochs 100 --max-steps $(HEADS_STEPS) \
 		--features build/heads/features.safetensors --out build/heads/heads.safetensors
+
+# the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
+weights-table: install
+	$(PY) -m ssd_core.dev.memory_table
+
+# on a CUDA GPU (with bitsandbytes installed): weights and peak memory of one ssd-exact generation per
+# quantization on a random-weight Janus-Pro-7B (saved once as bf16 safetensors into .work/peak)
+gpu-memory: install
+	$(PY) -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
+		--json .work/peak/peak_memory.json

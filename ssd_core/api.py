@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub
+from . import hub, memory
 from .decoders import make_policy
 from .engine import decode
 from .errors import SSDError
@@ -34,16 +34,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
-               family: str | None = None, download: str | bool | None = None, **kwargs):
+               family: str | None = None, download: str | bool | None = None, quantization: str = "none",
+               offload: str = "none", free_bytes: int | None = None, **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
-    without files is fetched first. Nothing touches the network otherwise.
+    without files is fetched first. Nothing touches the network otherwise. quantization none / 8-bit / 4-bit
+    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py.
     """
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
+    memory.check_choice(quantization, offload)
     cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
+    kwargs.update(memory.placement(cls.family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
     return cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
 
 
@@ -62,7 +66,7 @@ class Result:
     trace: Trace
 
 
-def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd", seed: int = 0,
+def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, draft_rows: int | None = None, verify_rounds: int | None = None,
              window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .api import generate
-from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads
+from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
 
@@ -45,11 +45,18 @@ class BenchOptions:
     model_name: str = ""  # shown in the report
 
 
+NO_HEADS = ":noheads"  # decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
+
+
 def _variants(o: BenchOptions) -> list[tuple[str, str, dict]]:
     """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
-    each adaptive percent (ssd_adaptive, besides the fixed schedule) and stable_first_row value."""
+    each adaptive percent (ssd_adaptive, besides the fixed schedule) and stable_first_row value; a name
+    ending in ':noheads' is its decoder without heads."""
     out = []
     for name in o.decoders:
+        if name.endswith(NO_HEADS):
+            out.append((name, name[:-len(NO_HEADS)], {"verify_rounds": o.verify_rounds}))
+            continue
         if name != "ssd":
             out.append((name, name, {"verify_rounds": o.verify_rounds}))
             continue
@@ -81,10 +88,10 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, params in variants:
-            drafts = needs_heads(decoder)
-            if drafts and heads is None:
-                raise SSDError(f"bench of {decoder} needs heads: pass --heads FILE (or drop it from --decoders)")
-            r = generate(model, heads if drafts else None, prompt=prompt,
+            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+            if needs_heads(decoder) and drafter is None:
+                raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
+            r = generate(model, drafter, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, window=o.window, **params,
@@ -210,9 +217,9 @@ def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
     for label in labels:
         runs = results[label]
         if runs[0].image is not None:
-            save_image(sheet([r.image for r in runs]), out_dir / f"samples_{label.replace(' ', '').replace('=', '')}.png")
+            save_image(sheet([r.image for r in runs]), out_dir / f"samples_{label.replace(' ', '').replace('=', '').replace(':', '-')}.png")
         save_image(sheet([status_image(r.trace.to_dict(), cell=4) for r in runs]),
-                   out_dir / f"status_{label.replace(' ', '').replace('=', '')}.png")
+                   out_dir / f"status_{label.replace(' ', '').replace('=', '').replace(':', '-')}.png")
     if results["ar"][0].image is not None:  # one labelled row per decoder, the same prompts and seeds in columns
         rows = [labelled(sheet([r.image for r in results[label]]), label) for label in labels]
         width = max(r.shape[1] for r in rows)

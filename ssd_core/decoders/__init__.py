@@ -32,7 +32,8 @@ class Param:
             raise SSDError(f"{name} must be a whole number {limit}, got {value}")
 
 
-DRAFT_ROWS = Param(1, 8, 1, "rows drafted and verified together (ssd, ssd-exact)")
+DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
+                            "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
 STABLE_FIRST_ROW = Param(0, 1, 1, "ssd: verify the first block until a round changes nothing (1) or like the others (0)")
@@ -52,11 +53,17 @@ class DecoderSpec:
     def needs_heads(self) -> bool:
         return self.policy.needs_heads
 
+    @property
+    def uses_heads(self) -> bool:
+        return self.policy.uses_heads
+
 
 DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
-    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent")),
-    # draft_rows 3: fewest steps in a sweep of 1-5 on the bundled model with its heads (issue 9 item 7)
+    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent"),
+                       {"draft_rows": 1}),
+    # 3 rows: fewest steps with and without heads on the bundled model (README, "Exact speed-up without heads";
+    # with heads, 1-5 rows on 3 images: median 168 / 129 / 119 / 128 / 116 steps)
     "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
@@ -75,6 +82,11 @@ def needs_heads(name: str) -> bool:
     return spec(name).needs_heads
 
 
+def uses_heads(name: str) -> bool:
+    """The decoder drafts with heads when they are given (ssd, ssd-exact)."""
+    return spec(name).uses_heads
+
+
 def without_heads() -> str:
     """The decoders that run without heads, as words: 'ar, sjd or zipar'."""
     return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
@@ -90,6 +102,7 @@ def make_policy(name: str, draft_rows: int | None = None, verify_rounds: int | N
     for key, value in given.items():
         if value is not None:
             PARAMS[key].check(key, value)
+    given["draft_rows"] = draft_rows or None  # 0: the decoder's own default
     kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key, PARAMS[key].default)
               for key in chosen.params}
     return chosen.policy(**kwargs)

@@ -18,6 +18,7 @@ from .drafting import draft, rows_end
 class SSDPolicy(Policy):
     name = "ssd"
     needs_heads = True
+    uses_heads = True
 
     def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 1,
                  adaptive_percent: int = 0):
