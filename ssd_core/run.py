@@ -15,8 +15,10 @@ from .session import Layout, Session
 class Run:
     """Everything one generation knows; policies read and write it through the helpers below."""
 
-    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, session: Session):
-        self.model, self.heads, self.layout, self.settings, self.session = model, heads, layout, settings, session
+    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
+        """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
+        self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
+        self.session: Session | None = None  # the (batch's) KV cache, set by the engine
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
         self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
@@ -26,24 +28,23 @@ class Run:
         self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
         self.step_of = torch.zeros(L, dtype=torch.int32)
         self.round_of = torch.zeros(L, dtype=torch.int32)
-        self.end = 0  # window = [session.cached, end)
+        self.cached = 0  # slots whose keys are in the cache (shared by a batch)
+        self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
+        self.end = 0  # window = [cached, end)
         self.start = 0  # the window's first slot in the step being decided
         self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
         self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
         self.steps = 0
         self.head_calls = 0
         self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
-        B, d = session.last_features.shape
+        B, d = last_features.shape
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
-        self.next_logits = model.image_logits(session.last_features)  # [B, V] raw logits for slot `cached`
-        self.prompt_features = session.last_features  # [B, d] features predicting slot 0
-        self.q: dict[int, torch.Tensor] = {}  # slot -> the distribution its current token was drawn from
+        self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
+        self.prompt_features = last_features  # [B, d] features predicting slot 0
+        self.q_lo = 0  # q[i] is the distribution the current token of slot q_lo + i was drawn from
+        self.q = torch.zeros(0, self.V, device=model.device)  # [n, V] on the model's device
 
     # ---- views -----------------------------------------------------------------------------
-    @property
-    def cached(self) -> int:
-        return self.session.cached
-
     def first_open(self) -> int:
         """The first slot that is not final (L when done)."""
         open_ = (~self.final).nonzero()
@@ -78,8 +79,6 @@ class Run:
         self.final[slots] = True
         self.step_of[slots] = self.steps
         self.round_of[slots] = self.value_round[slots]
-        for s in slots.tolist():
-            self.q.pop(s, None)
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
@@ -92,6 +91,21 @@ class Run:
         """Slots in [lo, hi) that are image cells and not final yet."""
         idx = torch.arange(lo, min(hi, self.L))
         return idx[~self.final[idx]]
+
+    def q_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """[n, V] the distributions the current tokens of these (open) slots were drawn from."""
+        return self.q[slots - self.q_lo]
+
+    def put_q(self, slots: torch.Tensor, dist: torch.Tensor) -> None:
+        """Record q [n, V] for slots; the table spans the open slots only (from the first open slot on)."""
+        lo, hi = min(self.first_open(), int(slots[0])), int(slots[-1]) + 1
+        if lo != self.q_lo or hi > self.q_lo + self.q.shape[0]:
+            table = torch.zeros(max(hi, self.q_lo + self.q.shape[0]) - lo, self.V, device=self.q.device)
+            a, b = max(lo, self.q_lo), min(self.q_lo + self.q.shape[0], lo + table.shape[0])
+            if b > a:
+                table[a - lo:b - lo] = self.q[a - self.q_lo:b - self.q_lo]
+            self.q, self.q_lo = table, lo
+        self.q[slots - lo] = dist.to(self.q.device, torch.float32)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
