@@ -72,7 +72,7 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
         n = max(f.numel() for f in fed)
         t1 = _now(dev)
         if n:
-            feats, all_logits = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
+            feats, all_logits, visibles = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
                                          [rows[i] for i in active], fed, n, pad_id, decoder_name)
         t2 = _now(dev)
         step_logits = []
@@ -88,8 +88,11 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
             else:
                 logits = run.next_logits[:, None]
             policies[i].update(run, logits, feats[rows[i], :k] if k else None)
-            # keep the keys of the longest prefix of fed slots that are final and unchanged since fed
+            # keep the keys of the longest prefix of fed slots that are final and unchanged since fed, and
+            # whose context was whole (no slot before them was hidden when fed)
             ok = run.final[C:C + k] & (run.ids[C:C + k] == fed[j])
+            if k and visibles[j] is not None:
+                ok &= torch.cat([torch.ones(1, dtype=torch.bool), visibles[j][:k - 1].cpu()]).cumprod(0).bool()
             run.keep = C + (int(ok.long().cumprod(0).sum()) if k else 0)
             step_logits.append(logits)
         timings["forward"] += t2 - t1
@@ -137,7 +140,9 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
 
 def _forward(model, session: Session, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
              fed: list[torch.Tensor], n: int, pad_id: int, decoder_name: str):
-    """One base-model forward of every image's fed slots, right-padded to n -> (features [R, n, d], logits [R, n, V])."""
+    """One base-model forward of every image's fed slots, right-padded to n.
+
+    -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
     for run, f in zip(runs, fed):
         if bool((f < 0).any()):
             raise RuntimeError(f"{decoder_name}: window slot without a token at {run.cached + int((f < 0).nonzero()[0])}")
@@ -153,7 +158,7 @@ def _forward(model, session: Session, runs: list[Run], policies: list[Policy], r
         if bool(visible.all()):
             visible = None
     features = session.forward(ids, visible)
-    return features, model.image_logits(features)
+    return features, model.image_logits(features), visibles
 
 
 def _peak_memory_mb(dev: torch.device) -> float:
