@@ -51,8 +51,33 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
     dev = model.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
+    hooks = _time_heads(heads, timings) if heads is not None and policies[0].needs_heads else []
+    try:
+        return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score,
+                       timings)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _time_heads(heads, timings: dict) -> list:
+    """Time spent in the draft heads' networks goes to timings["draft"] (not to the policy's bookkeeping)."""
+    started = []
+
+    def pre(*_):
+        started.append(time.perf_counter())
+
+    def post(*_):
+        timings["draft"] += time.perf_counter() - started.pop()
+
+    return [h for m in (heads.horizontal, heads.vertical)
+            for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+
+
+def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score, timings):
+    dev = model.device
     N = len(prompts)
-    timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0}
     t0 = _now(dev)
     session = model.start(stack_prompts(prompts) if N > 1 else prompts[0])
     rows = [torch.arange(i, session.batch, N) for i in range(N)]  # the cache rows of image i: its streams
@@ -75,6 +100,7 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
             feats, all_logits, visibles = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
                                          [rows[i] for i in active], fed, n, pad_id, decoder_name)
         t2 = _now(dev)
+        drafting = timings["draft"]
         step_logits = []
         for j, i in enumerate(active):
             run, k = runs[i], fed[j].numel()
@@ -96,7 +122,7 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
             run.keep = C + (int(ok.long().cumprod(0).sum()) if k else 0)
             step_logits.append(logits)
         timings["forward"] += t2 - t1
-        timings["policy"] += _now(dev) - t2
+        timings["policy"] += _now(dev) - t2 - (timings["draft"] - drafting)
         crop = min(runs[i].keep for i in active)
         session.crop(crop)
         for j, i in enumerate(active):

@@ -22,6 +22,7 @@ class Run:
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
         self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
+        self.forced = (layout.forced >= 0).tolist()  # [L] Python bools: read every step, so not a tensor
         self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
         self.final = layout.forced >= 0  # forced slots are final from the start
         self.drafted = torch.full((L,), -1, dtype=torch.long)  # [L] first draft code of a slot
@@ -41,8 +42,8 @@ class Run:
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
-        self.q_lo = 0  # q[i] is the distribution the current token of slot q_lo + i was drawn from
-        self.q = torch.zeros(0, self.V, device=model.device)  # [n, V] on the model's device
+        self.q = SlotTable(self.V, model.device)  # per open slot: the distribution its token was drawn from
+        self.noise = SlotTable(self.V, model.device)  # per open slot: its Gumbel noise (a function of seed, slot)
 
     # ---- views -----------------------------------------------------------------------------
     def first_open(self) -> int:
@@ -51,7 +52,7 @@ class Run:
         return int(open_[0]) if open_.numel() else self.L
 
     def is_image(self, slot: int) -> bool:
-        return 0 <= slot < self.L and bool(self.layout.forced[slot] < 0)
+        return 0 <= slot < self.L and not self.forced[slot]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots."""
@@ -84,7 +85,7 @@ class Run:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
         tokens before them)."""
         self.end = end
-        while self.end < self.L and self.layout.forced[self.end] >= 0:
+        while self.end < self.L and self.forced[self.end]:
             self.end += 1
 
     def open_in(self, lo: int, hi: int) -> torch.Tensor:
@@ -94,18 +95,10 @@ class Run:
 
     def q_at(self, slots: torch.Tensor) -> torch.Tensor:
         """[n, V] the distributions the current tokens of these (open) slots were drawn from."""
-        return self.q[slots - self.q_lo]
+        return self.q.get(slots)
 
     def put_q(self, slots: torch.Tensor, dist: torch.Tensor) -> None:
-        """Record q [n, V] for slots; the table spans the open slots only (from the first open slot on)."""
-        lo, hi = min(self.first_open(), int(slots[0])), int(slots[-1]) + 1
-        if lo != self.q_lo or hi > self.q_lo + self.q.shape[0]:
-            table = torch.zeros(max(hi, self.q_lo + self.q.shape[0]) - lo, self.V, device=self.q.device)
-            a, b = max(lo, self.q_lo), min(self.q_lo + self.q.shape[0], lo + table.shape[0])
-            if b > a:
-                table[a - lo:b - lo] = self.q[a - self.q_lo:b - self.q_lo]
-            self.q, self.q_lo = table, lo
-        self.q[slots - lo] = dist.to(self.q.device, torch.float32)
+        self.q.put(slots, dist, self.first_open())
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
@@ -115,11 +108,43 @@ class Run:
         """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise."""
         if self.settings.temperature == 0:
             return logp.argmax(-1).cpu()
-        noise = gumbel(self.settings.seed, slots, self.V)
-        return gumbel_argmax(logp.float().cpu(), noise)
+        hi = int(slots[-1]) + 1  # each slot's noise is made once, a row ahead at a time
+        if hi > self.noise.hi:
+            first = self.first_open()
+            new = torch.arange(max(self.noise.hi, first), min(self.L, max(hi, first + self.layout.row_stride)))
+            self.noise.put(new, gumbel(self.settings.seed, new, self.V, self.model.device), first)
+        return gumbel_argmax(logp.float(), self.noise.get(slots)).cpu()
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng)
+
+
+class SlotTable:
+    """Rows [V] for a moving span of slots [lo, hi) on the model's device: what open slots need across steps.
+
+    Slots below the first open one are dropped when the span moves, so the table stays window-sized."""
+
+    def __init__(self, V: int, device):
+        self.lo = 0
+        self.rows = torch.zeros(0, V, device=device)
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.rows.shape[0]
+
+    def get(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.rows[slots - self.lo]
+
+    def put(self, slots: torch.Tensor, values: torch.Tensor, first_open: int) -> None:
+        """values [n, V] for ascending slots; the span becomes [min(first_open, slots[0]), max(hi, slots[-1] + 1))."""
+        lo, hi = min(first_open, int(slots[0])), max(self.hi, int(slots[-1]) + 1)
+        if lo != self.lo or hi > self.hi:
+            rows = torch.zeros(hi - lo, self.rows.shape[1], device=self.rows.device)
+            a, b = max(lo, self.lo), min(self.hi, hi)
+            if b > a:
+                rows[a - lo:b - lo] = self.rows[a - self.lo:b - self.lo]
+            self.rows, self.lo = rows, lo
+        self.rows[slots - lo] = values.to(self.rows.device, torch.float32)
 
 
 class Policy:

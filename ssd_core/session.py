@@ -3,6 +3,7 @@ the CFG-batched KV-cache Session every family shares (masks, positions, the pre-
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ class Layout:
     def num_slots(self) -> int:
         return int(self.forced.numel())
 
-    @property
+    @functools.cached_property
     def row_stride(self) -> int:
         H, W = self.grid
         return int(self.slot_of_cell[W]) if H > 1 else W
