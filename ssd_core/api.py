@@ -98,7 +98,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     if prompts is None:
         prompts = [prompt if prompt is not None else 0] * n
     if seeds is None:
-        seeds = [int(seed) + i for i in range(n)]
+        seeds = [(int(seed) + i) % 2**64 for i in range(n)]  # 64-bit seeds wrap
     if len(prompts) != n or len(seeds) != n:
         raise SSDError(f"a batch of {n} images needs {n} prompts and {n} seeds, got {len(prompts)} prompts "
                        f"and {len(seeds)} seeds")
