@@ -4,6 +4,8 @@ matches them, a test checks)."""
 
 import math
 
+import torch
+
 from ..ssd_core.trace import STATUSES, finite_or_none, status_image
 
 STATUS_CODE = {name: str(i) for i, name in enumerate(STATUSES)}  # the compact string's digit per status
