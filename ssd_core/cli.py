@@ -104,7 +104,8 @@ def cmd_bench(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
         verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
         ssd_rounds=tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else (),
-        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
+        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
+        batch=args.batch)
     run_bench(model, heads, options)
     return 0
 
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
+    b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
+                   "vs one at a time, and identical_to_ar over both)")
     b.set_defaults(func=cmd_bench)
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")
     c.add_argument("src")
