@@ -22,6 +22,7 @@ class Run:
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
         self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
+        self.id_of_code = model.code_to_id(torch.arange(self.V))  # [V] on the CPU: writes need no device trip
         self.forced = (layout.forced >= 0).tolist()  # [L] Python bools: read every step, so not a tensor
         self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
         self.final = layout.forced >= 0  # forced slots are final from the start
@@ -63,7 +64,7 @@ class Run:
         changed = self.codes[slots] != codes  # the round in which a slot took its current value
         self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
         self.codes[slots] = codes
-        self.ids[slots] = self.model.code_to_id(codes.to(self.ids.device)).cpu()
+        self.ids[slots] = self.id_of_code[codes]
         if draft:
             first = self.drafted[slots] < 0
             self.drafted[slots[first]] = codes[first]

@@ -202,7 +202,7 @@ try {
     const w = window.app.graph.getNodeById(3).widgets.find((x) => x.name === "ssd_grid");
     const bar = w.element.querySelector(".ssd-grid-batch");
     return { index: w.ssd.state.batch?.index ?? null, images: w.ssd.state.batch?.traces.length ?? 0,
-      seed: w.ssd.state.trace?.seed ?? null, label: bar?.textContent ?? "",
+      seed: w.ssd.state.trace?.seed ?? null, label: bar?.querySelector("span")?.textContent ?? "",
       shown: bar ? getComputedStyle(bar).display !== "none" : false };
   });
   result.batchBefore = await readBatch();
