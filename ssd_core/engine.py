@@ -147,7 +147,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
                 runs[i].cached = session.cached
                 traces[i] = T.from_run(runs[i], decoder_name, getattr(policies[i], "params", {}), dict(timings),
                                        finalize, _peak_memory_mb(dev))
-            if active:  # the finished images' streams leave the cache
+            if active and callable(getattr(session, "select", None)):  # the finished images' streams leave the cache
                 keep_rows = torch.cat([rows[i] for i in active])
                 session.select(keep_rows)
                 offset = 0
