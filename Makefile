@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 16
 
-.PHONY: install demo test test-engine-457 bench-tiny
+.PHONY: install demo test test-engine-457 bench-tiny weights-table gpu-memory
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,13 @@ test-engine-457:
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py
+
+# the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
+weights-table: install
+	$(PY) -m ssd_core.dev.memory_table
+
+# on a CUDA GPU (with bitsandbytes installed): weights and peak memory of one ssd-exact generation per
+# quantization on a random-weight Janus-Pro-7B (saved once as bf16 safetensors into .work/peak)
+gpu-memory: install
+	$(PY) -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
+		--json .work/peak/peak_memory.json

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub
+from . import hub, memory
 from .decoders import make_policy
 from .engine import decode_batch
 from .errors import SSDError
@@ -34,16 +34,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
-               family: str | None = None, download: str | bool | None = None, **kwargs):
+               family: str | None = None, download: str | bool | None = None, quantization: str = "none",
+               offload: str = "none", free_bytes: int | None = None, **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
-    without files is fetched first. Nothing touches the network otherwise.
+    without files is fetched first. Nothing touches the network otherwise. quantization none / 8-bit / 4-bit
+    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py.
     """
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
+    memory.check_choice(quantization, offload)
     cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
+    kwargs.update(memory.placement(cls.family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
     return cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
 
 
@@ -62,11 +66,11 @@ class Result:
     trace: Trace
 
 
-def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd", seed: int = 0,
+def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, draft_rows: int = 1, verify_rounds: int = 2, window: int | None = None,
+             top_p: float | None = None, draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None,
              grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
-    """Generate one image. Sampler values left as None take the model's defaults."""
+    """Generate one image. Sampler values left as None take the model's defaults; draft_rows 0 the decoder's."""
     return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
                           decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
                           draft_rows=draft_rows, verify_rounds=verify_rounds, window=window, grid=grid,
@@ -77,9 +81,9 @@ MAX_BATCH = 64
 
 
 def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed: int = 0, batch_size: int | None = None,
-                   negative_prompt: str = "", decoder: str = "ssd", cfg: float | None = None,
+                   negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                   draft_rows: int = 1, verify_rounds: int = 2, window: int | None = None, grid=None, on_step=None,
+                   draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None, grid=None, on_step=None,
                    should_cancel=None, decode_pixels: bool = True, score: bool = True) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 

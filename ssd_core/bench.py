@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads
+from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
 
@@ -40,11 +40,17 @@ class BenchOptions:
     batch: int = 0  # also run every decoder in batches of this many images (images/s batched vs one at a time)
 
 
+NO_HEADS = ":noheads"  # decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
+
+
 def _variants(o: BenchOptions) -> list[tuple[str, str, int]]:
-    """(row label, decoder, verify rounds); ssd_rounds (0, 1, 2) gives one ssd row per round count."""
+    """(row label, decoder, verify rounds); ssd_rounds (0, 1, 2) gives one ssd row per round count; a name
+    ending in ':noheads' is its decoder without heads."""
     out = []
     for name in o.decoders:
-        if name == "ssd" and o.ssd_rounds:
+        if name.endswith(NO_HEADS):
+            out.append((name, name[:-len(NO_HEADS)], o.verify_rounds))
+        elif name == "ssd" and o.ssd_rounds:
             out += [(f"ssd r={r}", "ssd", int(r)) for r in o.ssd_rounds]
         else:
             out.append((name, name, o.verify_rounds))
@@ -72,10 +78,10 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, rounds in variants:
-            drafts = needs_heads(decoder)
-            if drafts and heads is None:
-                raise SSDError(f"bench of {decoder} needs heads: pass --heads FILE (or drop it from --decoders)")
-            r = generate(model, heads if drafts else None, prompt=prompt,
+            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+            if needs_heads(decoder) and drafter is None:
+                raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
+            r = generate(model, drafter, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
@@ -141,7 +147,8 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
     for label, decoder, rounds in variants:
         results, wall = [], 0.0
         for i in range(0, len(prompts), o.batch):
-            chunk = generate_batch(model, heads if needs_heads(decoder) else None, prompts=prompts[i:i + o.batch],
+            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+            chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
                                    seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
                                    cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                                    draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window, grid=o.grid,
@@ -212,9 +219,9 @@ def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
     for label in labels:
         runs = results[label]
         if runs[0].image is not None:
-            save_image(sheet([r.image for r in runs]), out_dir / f"samples_{label.replace(' ', '').replace('=', '')}.png")
+            save_image(sheet([r.image for r in runs]), out_dir / f"samples_{label.replace(' ', '').replace('=', '').replace(':', '-')}.png")
         save_image(sheet([status_image(r.trace.to_dict(), cell=4) for r in runs]),
-                   out_dir / f"status_{label.replace(' ', '').replace('=', '')}.png")
+                   out_dir / f"status_{label.replace(' ', '').replace('=', '').replace(':', '-')}.png")
     if results["ar"][0].image is not None:  # one labelled row per decoder, the same prompts and seeds in columns
         rows = [labelled(sheet([r.image for r in results[label]]), label) for label in labels]
         width = max(r.shape[1] for r in rows)

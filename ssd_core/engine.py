@@ -52,7 +52,7 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
-    hooks = _time_heads(heads, timings) if heads is not None and policies[0].needs_heads else []
+    hooks = _time_heads(heads, timings) if heads is not None and policies[0].uses_heads else []
     try:
         return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score,
                        timings)

@@ -152,7 +152,8 @@ class Policy:
     """A decoder: `update` finalizes / corrects after a forward and extends the window with drafts."""
 
     name = "policy"
-    needs_heads = False
+    needs_heads = False  # refuses to run without heads
+    uses_heads = False  # drafts with heads when they are given
 
     def begin(self, run: Run) -> None:
         pass

@@ -14,6 +14,7 @@ from .drafting import draft, rows_end
 class SSDPolicy(Policy):
     name = "ssd"
     needs_heads = True
+    uses_heads = True
 
     def __init__(self, draft_rows: int = 1, verify_rounds: int = 2):
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
