@@ -197,7 +197,7 @@ def api_workflow(name="ssd_reference_ar_vs_ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
-def small_prompt(seed=7, grid="8x8", decoder="ssd", heads="reference", prompt="cat"):
+def small_prompt(seed=7, grid="8x8 (32x32 px, 1:1) reference", decoder="ssd", heads="reference", prompt="cat"):
     """Loader -> heads -> one sampler on a small grid (the sampler is an output node): a cheap run."""
     wf = api_workflow()
     small = {k: wf[k] for k in ("1", "2", "4")}
