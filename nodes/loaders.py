@@ -1,6 +1,7 @@
 """Load AR Image Model (SSD) and Load SSD Heads: ComfyUI inputs -> ssd_core.load_model / load_heads."""
 
 from .. import ssd_core
+from ..ssd_core.static_cache import MODES as COMPILE_MODES
 from . import _comfy
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
@@ -42,16 +43,21 @@ class SSDLoadModel:
                           "tooltip": "folders under models/ssd_models holding a config.json"}),
                 "dtype": (DTYPES, {"default": "auto", "tooltip": "auto = the model's own choice for the device"}),
                 "device": (DEVICES, {"default": "auto", "tooltip": "auto = ComfyUI's device"}),
-            }
+            },
+            "optional": {
+                "compile": (list(COMPILE_MODES), {"default": "off", "tooltip": (
+                    "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
+                    "GPU; the first image of each window size compiles, slow; then faster steps)")}),
+            },
         }
 
-    def load(self, model, dtype="auto", device="auto"):
+    def load(self, model, dtype="auto", device="auto", compile="off"):
         if dtype not in DTYPES:
             raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
         dev = _comfy.torch_device(device)
         path = _comfy.resolve_model(model)
         _comfy.make_room(_comfy.weights_bytes(path), dev)
-        loaded = ssd_core.load_model(path, dtype=dtype, device=dev)
+        loaded = ssd_core.load_model(path, dtype=dtype, device=dev, compile=compile)
         return (SSDModel(loaded, None, model, _comfy.NO_HEADS),)
 
 

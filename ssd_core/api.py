@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub
+from . import hub, threads
 from .decoders import make_policy
 from .engine import decode
 from .errors import SSDError
@@ -34,12 +34,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
-               family: str | None = None, download: str | bool | None = None, **kwargs):
+               family: str | None = None, download: str | bool | None = None, compile: str | bool = "off", **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
-    without files is fetched first. Nothing touches the network otherwise.
+    without files is fetched first. Nothing touches the network otherwise. `compile`: 'off' (DynamicCache),
+    'static' (static KV cache, eager) or 'compiled' (static cache + torch.compile; True): static_cache.py.
     """
+    from . import static_cache
+
+    mode = static_cache.parse_mode(compile)
+    return static_cache.enable(_load_model(name_or_path, dtype, device, family, download, **kwargs), mode)
+
+
+def _load_model(name_or_path, dtype, device, family, download, **kwargs):
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
@@ -82,7 +90,7 @@ def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = 
     if heads is not None:
         heads.check_model(model)
     prompt_ids = model.build_prompt(prompt, negative_prompt, settings.guided, layout.grid)
-    with torch.no_grad():
+    with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
         run, trace = decode(model, heads, prompt_ids, layout, settings, policy, decoder, on_step, should_cancel, score)
     image = model.decode(trace.tokens) if decode_pixels else None
     return Result(trace.tokens, image, trace)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .decoders import DECODERS, PARAMS
 from .errors import SSDError
+from .static_cache import MODES
 from .trace import parse_grid
 
 
@@ -15,6 +16,9 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="reference", help="model folder, or 'reference' (the bundled model)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", nargs="?", const="compiled", default="off", choices=MODES,
+                   help="static KV cache (static) and torch.compile of the verify forward (compiled, the value "
+                   "of a bare --compile; CUDA graphs on a GPU); default off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class", dest="prompt", default=None, help="class id or name (class-conditional models)")
     p.add_argument("--prompt", dest="prompt", help="text prompt (text-to-image models)")
@@ -32,7 +36,7 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from . import load_heads, load_model
 
-    model = load_model(args.model, args.dtype, args.device)
+    model = load_model(args.model, args.dtype, args.device, compile=args.compile)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None
