@@ -61,7 +61,8 @@ def prompts_for(model, n: int, given) -> list:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
+def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
+    """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
     variants = _variants(o)
     prompts = prompts_for(model, o.images, o.prompt)
     seeds = [o.seed + i for i in range(o.images)]
@@ -76,7 +77,8 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
-                         grid=o.grid, decode_pixels=out_dir is not None)
+                         grid=o.grid, decode_pixels=out_dir is not None,
+                         on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
     ar = results["ar"]
