@@ -112,3 +112,22 @@ def test_compiled_forward_on_cpu_gives_ar_tokens(tmp_path):
     cex = ssd_core.generate(compiled, heads, prompt=1, decoder="ssd-exact", seed=5, cfg=3.0, score=False)
     assert torch.equal(car.tokens, ar.tokens) and torch.equal(cex.tokens, ar.tokens)
     assert cex.trace.steps < car.trace.steps
+
+
+def test_cli_compile_flag(tmp_path, capsys):
+    import json
+
+    from ssd_core import cli
+
+    folder = make_llama_grid(tmp_path / "model", grid=(3, 4))
+    traces = []
+    for flags in ([], ["--compile", "static"]):
+        out = tmp_path / f"trace{len(flags)}.json"
+        assert cli.main(["generate", "--model", str(folder), "--heads", "none", "--decoder", "ar", "--seed", "3",
+                         "--trace", str(out), *flags]) == 0
+        traces.append(json.loads(out.read_text()))
+    assert traces[0]["tokens"] == traces[1]["tokens"]
+    assert cli.build_parser().parse_args(["generate", "--compile"]).compile == "compiled"
+    with pytest.raises(SystemExit):  # argparse refuses a mode outside its choices
+        cli.build_parser().parse_args(["generate", "--compile", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
