@@ -6,7 +6,7 @@ past it. A window of n slots is padded to the next bucket (BUCKETS), so a compil
 of shapes and, on a GPU, replays one CUDA graph per bucket (torch.compile mode "reduce-overhead"). Padded
 queries read and write only keys past the valid length, which the next step overwrites.
 
-Turned on per model: `enable(model, compiled=...)` (the loaders' `compile` option). transformers 5 moves the
+Turned on per model: `enable(model, mode)` (load_model's `compile`, the CLI's `--compile`, the loader node). transformers 5 moves the
 write position with the cache's own length counter; 4.57 takes `cache_position`: both are handled here.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ class StaticOptions:
     slots: int  # the most slots a layout of the model has (the cache's capacity beyond the prompt)
     buckets: tuple[int, ...] = BUCKETS
     backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
-    pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, step function)
+    pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
 
 
 def parse_mode(mode: str | bool | None) -> str:
