@@ -9,7 +9,7 @@ from pathlib import Path
 from .decoders import DECODERS, PARAMS
 from .errors import SSDError
 from .static_cache import MODES
-from .trace import parse_grid
+from .trace import parse_grid, status_image
 
 
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def _load(args):
 
 def cmd_generate(args) -> int:
     from . import generate
-    from .images import save_image, status_image
+    from .images import save_image
 
     model, heads = _load(args)
     prompt = args.prompt if args.prompt is not None else 0

@@ -60,9 +60,10 @@ class LlamaGridModel(GridModel):
         self._vq = None
 
     @classmethod
-    def load(cls, folder: Path, dtype: torch.dtype | None, device, **kwargs) -> "LlamaGridModel":
+    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "LlamaGridModel":
         from transformers import AutoModelForCausalLM
 
+        folder = cls.ensure_folder(folder, download)
         spec = read_spec(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
                                                      low_cpu_mem_usage=True, **kwargs)
