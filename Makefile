@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 4
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny
+.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny weights-table gpu-memory
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ bench: install
 		--ssd-rounds 0,1,2 --images $(BENCH_IMAGES) --verify-cost --out-dir bench_out --json bench_out/bench.json
 
 bench-gpu: install
-	$(PY) -m ssd_core.bench_gpu --json bench_gpu.json
+	$(PY) -m ssd_core.dev.bench_gpu --json bench_gpu.json
 
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
@@ -39,3 +39,13 @@ test-engine-457:
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
 		tests/test_static_cache.py tests/test_bench_gpu.py
+
+# the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
+weights-table: install
+	$(PY) -m ssd_core.dev.memory_table
+
+# on a CUDA GPU (with bitsandbytes installed): weights and peak memory of one ssd-exact generation per
+# quantization on a random-weight Janus-Pro-7B (saved once as bf16 safetensors into .work/peak)
+gpu-memory: install
+	$(PY) -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
+		--json .work/peak/peak_memory.json

@@ -177,19 +177,22 @@ class StaticSession:
         return feats[:, :n]
 
     def _allowed(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
-        """[B, width, C] bool: real prompt keys, cached slots, the causal (and visible) window; nothing later."""
+        """[B, width, C] bool: real prompt keys, cached slots, the causal (and visible) window; nothing later.
+
+        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself)."""
         dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
         keys = torch.arange(self.capacity, device=dev)
         queries = torch.arange(width, device=dev)[:, None]
         offset = keys[None, :] - start  # [1, C] window index of a key
-        window = (offset >= 0) & (offset <= queries)
+        window = ((offset >= 0) & (offset <= queries))[None]  # [1, width, C]
         if visible is not None:  # keys of invisible window slots are hidden from every other query
-            shown = torch.ones(width, dtype=torch.bool, device=dev)
-            shown[:visible.numel()] = visible.to(dev)
-            window &= shown[offset.clamp(0, width - 1)] | (offset == queries)
-        past = (keys >= P) & (keys < start)
+            visible = visible.to(dev).view(-1, visible.shape[-1])  # [1 or B, n]
+            shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
+            shown[:, :visible.shape[1]] = visible
+            window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
+        past = ((keys >= P) & (keys < start))[None, None]  # [1, 1, C]
         prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
-        return prompt[:, None, :] | (window | past)[None]
+        return prompt[:, None, :] | window | past
 
     def crop(self, slots: int) -> None:
         """Keep the prompt and the first `slots` slots: only the valid length moves."""

@@ -65,9 +65,9 @@ def test_one_cache_serves_every_generation_and_crop_moves_the_valid_length(dynam
 def test_static_cache_on_a_family_model():
     from tiny_families import TINY_SHAPES
 
-    from ssd_core.families.janus import JanusModel
+    from ssd_core.dev.random_models import random_model
 
-    model = JanusModel.random_init(TINY_SHAPES["janus"], device="cpu", dtype=torch.float32)
+    model = random_model("janus", TINY_SHAPES["janus"], device="cpu", dtype=torch.float32)
     heads = ssd_core.DraftHeads.for_model(model)
     ar = ssd_core.generate(model, None, prompt=[5, 6, 7], decoder="ar", seed=4, score=False, decode_pixels=False)
     static_cache.enable(model, "static")
@@ -131,3 +131,13 @@ def test_cli_compile_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse refuses a mode outside its choices
         cli.build_parser().parse_args(["generate", "--compile", "fast"])
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_a_batch_on_the_static_cache_gives_each_image_its_single_run_tokens(dynamic_and_static):
+    dynamic, static, heads = dynamic_and_static
+    seeds = [21, 22, 23]
+    singles = [ssd_core.generate(dynamic, None, prompt=1, decoder="ar", seed=s, score=False) for s in seeds]
+    for decoder in ("ar", "ssd-exact"):
+        batch = ssd_core.generate_batch(static, heads if decoder != "ar" else None, prompt=1, seeds=seeds,
+                                        decoder=decoder, score=False)
+        assert all(torch.equal(b.tokens, s.tokens) for b, s in zip(batch, singles)), decoder
