@@ -9,6 +9,7 @@ from pathlib import Path
 from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, needs_heads
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
+from .static_cache import MODES
 from .trace import parse_grid, status_image
 
 
@@ -20,6 +21,9 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
                    help="8-bit / 4-bit (NF4) weights through bitsandbytes; the image head stays full precision")
     p.add_argument("--offload", default="none", choices=list(OFFLOADS),
                    help="auto: the layers that do not fit in the GPU's free memory wait on the CPU (accelerate)")
+    p.add_argument("--compile", nargs="?", const="compiled", default="off", choices=MODES,
+                   help="static KV cache (static) and torch.compile of the verify forward (compiled, the value "
+                   "of a bare --compile; CUDA graphs on a GPU); default off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class", dest="prompt", default=None, help="class id or name (class-conditional models)")
     p.add_argument("--prompt", dest="prompt", help="text prompt (text-to-image models)")
@@ -38,7 +42,8 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from . import load_heads, load_model
 
-    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload)
+    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
+                       compile=args.compile)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None
@@ -122,7 +127,8 @@ def cmd_bench(args) -> int:
         ssd_first_row=tuple(int(f) for f in args.ssd_first_row.split(",")) if args.ssd_first_row else
         ((args.stable_first_row,) if args.stable_first_row is not None else ()),
         plot=args.plot,
-        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
+        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
+        batch=args.batch)
     run_bench(model, heads, options)
     return 0
 
@@ -181,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ssd-first-row", default=None, help="comma list of stable_first_row values to bench, e.g. 0,1")
     b.add_argument("--plot", default=None, help="PNG: steps ratio against the nll_full gap (and class accuracy)")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
+    b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
+                   "vs one at a time, and identical_to_ar over both)")
     b.set_defaults(func=cmd_bench)
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")
     c.add_argument("src")

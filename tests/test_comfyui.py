@@ -197,7 +197,7 @@ def api_workflow(name="ssd_reference_ar_vs_ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
-def small_prompt(seed=7, grid="8x8", decoder="ssd", heads="reference", prompt="cat"):
+def small_prompt(seed=7, grid="8x8 (32x32 px, 1:1) reference", decoder="ssd", heads="reference", prompt="cat"):
     """Loader -> heads -> one sampler on a small grid (the sampler is an output node): a cheap run."""
     wf = api_workflow()
     small = {k: wf[k] for k in ("1", "2", "4")}
@@ -237,8 +237,9 @@ def test_object_info_lists_the_nodes(server):
     assert heads["ssd_model"] == ["SSD_MODEL"]
     s = info["SSDSampler"]
     req = s["input"]["required"]
-    assert list(req) == ["ssd_model", "prompt", "negative_prompt", "seed", "cfg", "temperature", "top_k", "top_p",
+    assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
+    assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size"]
     assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["seed"][1]["control_after_generate"] is True
     assert req["prompt"][0] == "STRING" and req["prompt"][1]["multiline"] is True
