@@ -37,7 +37,9 @@ def test_first_cell_after_a_row_end_is_drafted_from_a_feature(tiny, draft_rows):
     settings = SamplerSettings(seed=0, cfg=2.0)
     layout = model.layout(None)
     assert int(layout.forced[layout.row_stride - 1]) >= 0  # the layout has a row-end token
-    run = Run(model, heads, layout, settings, model.start(model.build_prompt(1, "", True, layout.grid)))
+    session = model.start(model.build_prompt(1, "", True, layout.grid))
+    run = Run(model, heads, layout, settings, session.last_features)
+    run.session = session
     seen = {}
 
     def pick(logp, slots):
