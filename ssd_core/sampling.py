@@ -1,6 +1,7 @@
 """Sampler settings: temperature / top-k / top-p, classifier-free guidance, Gumbel noise by (seed, slot)."""
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -42,17 +43,17 @@ def guide(logits: torch.Tensor, cfg: float) -> torch.Tensor:
     return uncond + cfg * (cond - uncond)
 
 
-def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None) -> torch.Tensor:
+def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None,
+              raw: torch.Tensor | None = None, source: str = "model") -> torch.Tensor:
     """Guided logits [n, V] -> log p [n, V] after temperature, top-k and top-p (-inf outside the kept set).
 
-    Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions` only names the
-    offending slots when a logit is NaN or infinite.
+    Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions`, `raw` (the per-stream
+    logits [B, n, V] before guidance) and `source` ("model" or "heads") only shape the message when a logit
+    is NaN or infinite.
     """
     bad = ~torch.isfinite(logits).all(-1)
     if bad.any():
-        where = positions[bad].tolist() if positions is not None else bad.nonzero().flatten().tolist()
-        raise SSDError(f"the model produced NaN or infinite logits at image sequence position(s) {where[:8]}; "
-                       "try float32 (dtype fp32) or another device; fp16 overflows on some models")
+        raise SSDError(not_finite_message(bad, s, positions, raw, source))
     if s.temperature == 0:
         out = torch.full_like(logits, NEG_INF)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
@@ -69,6 +70,28 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     return x.log_softmax(-1)
 
 
+def not_finite_message(bad: torch.Tensor, s: SamplerSettings, positions, raw, source: str) -> str:
+    """What produced NaN / infinite logits at the rows `bad` [n], and what to try."""
+    where = (positions[bad] if positions is not None else bad.nonzero().flatten()).tolist()[:8]
+    if raw is not None and s.guided and bool(torch.isfinite(raw[..., bad, :]).all()):
+        return (f"classifier-free guidance with cfg {s.cfg:g} overflowed to infinite logits at image sequence "
+                f"position(s) {where} although the model's own logits are finite: use a smaller cfg (1 to 10 is usual)")
+    if source == "heads":
+        return (f"the draft heads produced NaN or infinite draft logits at image sequence position(s) {where}: "
+                "the heads file is damaged or was trained for another model (re-train or re-load the heads, or "
+                "pick a decoder without heads: ar, sjd, zipar); if decoder ar fails too, the model is at fault: "
+                "try dtype fp32")
+    return (f"the model produced NaN or infinite logits at image sequence position(s) {where}: try dtype fp32 "
+            "(fp16 overflows on some models) or another device; if that does not help, the model's weights are "
+            "damaged: re-download them")
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator keyed by the whole seed (any size or sign): manual_seed alone keeps only its low 32 bits."""
+    digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=8, person=b"ssd-seed").digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & 0x7FFFFFFFFFFFFFFF)
+
+
 def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`)."""
     return torch.multinomial(logp.float().exp().cpu(), 1, generator=generator).squeeze(-1)
@@ -81,7 +104,7 @@ def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Gen
     top-p, then one draw per row.
     """
     guided = guide(logits, s.cfg) if s.guided else logits[0]
-    return draw(log_probs(guided, s), generator)
+    return draw(log_probs(guided, s, raw=logits), generator)
 
 
 _MASK64 = (1 << 64) - 1
