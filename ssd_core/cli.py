@@ -33,7 +33,8 @@ def check_output(path, flag: str, extensions=None) -> None:
         return
     path = Path(path)
     if extensions is not None and path.suffix.lower() not in extensions:
-        shown = ", ".join(sorted(extensions)[:6]) + (" ..." if len(extensions) > 6 else "")
+        common = (".png", ".jpg", ".webp", ".json", ".safetensors")
+        shown = ", ".join(sorted(extensions, key=lambda e: (e not in common, e))[:4]) + (" ..." if len(extensions) > 4 else "")
         raise SSDError(f"{flag} {path}: the file name must end in one of {shown}")
     if path.is_dir():
         raise SSDError(f"{flag} {path} is a folder: give a file name")

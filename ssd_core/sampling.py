@@ -10,6 +10,7 @@ import torch
 from .errors import SSDError
 
 NEG_INF = float("-inf")
+GREEDY_BELOW = 1e-6  # temperatures below this are greedy (a tinier one underflows float32 to 0)
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,15 @@ class SamplerSettings:
     top_p: float = 1.0
 
     def __post_init__(self):
+        for name in ("cfg", "temperature", "top_k", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SSDError(f"{name} must be a number, got {str(value)[:40]!r}")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise SSDError(f"cfg must be a number >= 0 (1 = no guidance), got {self.cfg}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise SSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if not math.isfinite(self.top_k) or int(self.top_k) != self.top_k or self.top_k < 0:
             raise SSDError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k}")
         if not (0 < self.top_p <= 1):
             raise SSDError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
@@ -47,17 +52,20 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
               raw: torch.Tensor | None = None, source: str = "model") -> torch.Tensor:
     """Guided logits [n, V] -> log p [n, V] after temperature, top-k and top-p (-inf outside the kept set).
 
-    Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions`, `raw` (the per-stream
+    Temperature 0 (or below GREEDY_BELOW) is greedy: log p is 0 at the argmax and -inf elsewhere. `positions`, `raw` (the per-stream
     logits [B, n, V] before guidance) and `source` ("model" or "heads") only shape the message when a logit
     is NaN or infinite.
     """
     bad = ~torch.isfinite(logits).all(-1)
     if bad.any():
         raise SSDError(not_finite_message(bad, s, positions, raw, source))
-    if s.temperature == 0:
+    if s.temperature < GREEDY_BELOW:
         out = torch.full_like(logits, NEG_INF)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
-    x = logits / s.temperature
+    if s.temperature < 1:  # shifted so that a tiny temperature gives -inf, never inf - inf = NaN
+        x = (logits - logits.max(-1, keepdim=True).values) / s.temperature
+    else:
+        x = logits / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
         kth = x.topk(int(s.top_k), dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, NEG_INF)
@@ -65,6 +73,7 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
         sorted_x, order = x.sort(-1, descending=True)
         cum = sorted_x.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_x.softmax(-1) >= s.top_p  # keep the smallest prefix reaching top_p
+        drop_sorted[..., 0] = False  # and always the most likely code (a top_p below float32's range is 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, NEG_INF)
     return x.log_softmax(-1)

@@ -37,9 +37,10 @@ def detect_family(folder: Path) -> str:
     spec = folder / "ssd_model.json"
     if spec.is_file():
         try:
-            return json.loads(spec.read_text()).get("family", "llama-grid")
-        except json.JSONDecodeError as err:
-            raise SSDError(f"{spec} is not valid JSON: {err}") from None
+            data = json.loads(spec.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise SSDError(f"{spec} is not valid JSON ({err}); see the README, section 'ssd_model.json'") from None
+        return data.get("family", "llama-grid") if isinstance(data, dict) else "llama-grid"  # llama-grid says why
     config = folder / "config.json"
     if not config.is_file():
         raise SSDError(f"{folder} has no config.json: it is not a transformers model folder")
