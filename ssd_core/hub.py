@@ -24,7 +24,7 @@ REPO_IDS: dict[str, list[str]] = {
 MODEL_TYPES: dict[str, tuple[str, ...]] = {"janus": ("janus",), "emu3": ("emu3",), "lumina": ("chameleon",)}
 EXTRA_FILES = {
     "lumina": "vqgan.safetensors (Meta's Chameleon tokenizer/vqgan.ckpt converted with "
-              "`python -m ssd_core.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)",
+              "`python -m ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)",
 }
 
 # prompts the head trainer samples when it is given none (self-distillation wants thousands: pass a prompt file)

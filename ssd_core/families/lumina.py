@@ -11,8 +11,9 @@
 - layout: rows of image tokens each followed by the row-end `<reserved08799>` (8803), then `<eoss>` (8196);
 - CFG: the unconditional stream is what Lumina-mGPT's guidance processor feeds: the sequence from the image start
   on (image start + the two size tokens), left-padded into one batch with the conditional row;
-- pixels: Meta's Chameleon VQGAN (`ssd_core.families.vqgan`), read from `vqgan.safetensors` in the model folder
-  or a given path (convert the released `vqgan.ckpt` with `python -m ssd_core.convert_vqgan`).
+- pixels: Meta's Chameleon VQGAN (`ssd_core.pixel_decoders.chameleon_vqgan`), read from `vqgan.safetensors` in
+  the model folder or a given path (convert the released `vqgan.ckpt` with
+  `python -m ssd_core.pixel_decoders.convert_vqgan`).
 """
 from __future__ import annotations
 
@@ -133,8 +134,8 @@ class LuminaModel(GridModel):
 
         folder = hub.ensure_folder(folder, cls.family, download)
         if vqgan is not None and not isinstance(vqgan, VQGANDecoder) and not Path(vqgan).is_file():
-            raise SSDError(f"VQGAN file {vqgan} does not exist; convert Meta's vqgan.ckpt with "
-                           "`python -m ssd_core.convert_vqgan vqgan.ckpt <model folder>/vqgan.safetensors`")
+            raise SSDError(f"VQGAN file {vqgan} does not exist; convert Meta's vqgan.ckpt with `python -m "
+                           "ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <model folder>/vqgan.safetensors`")
         model = hub.load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, **kwargs)
         return cls(model, hub.load_tokenizer(folder), Path(folder), str(vqgan) if isinstance(vqgan, Path) else vqgan,
                    grid)
@@ -246,7 +247,8 @@ class LuminaModel(GridModel):
         vq = self.vqgan()
         if vq is None:
             warnings.warn(f"no VQGAN for Lumina-mGPT in {self.folder}: put vqgan.safetensors there (convert Meta's "
-                          "vqgan.ckpt with `python -m ssd_core.convert_vqgan`) to get pixels", stacklevel=2)
+                          "vqgan.ckpt with `python -m ssd_core.pixel_decoders.convert_vqgan`) to get pixels",
+                          stacklevel=2)
             return None
         dev = next(vq.parameters()).device
         return vq.decode_to_image(tokens[None].long().to(dev))[0].cpu()

@@ -9,8 +9,8 @@ code ids -> quantizer embedding lookup -> post_quant_conv -> decoder
 GroupNorm(32) + swish, conv_out) -> pixels in [-1, 1].
 
 Parameter names are those of the released checkpoint (``quantize.embedding.weight``, ``post_quant_conv.*``,
-``decoder.*``), so ``ssd_core.convert_vqgan`` is a straight copy of the tensors. Weights load from safetensors
-only, with the config stored as JSON in the file's metadata (key ``ssd_vqgan_config``).
+``decoder.*``), so ``ssd_core.pixel_decoders.convert_vqgan`` is a straight copy of the tensors. Weights load from
+safetensors only, with the config stored as JSON in the file's metadata (key ``ssd_vqgan_config``).
 """
 from __future__ import annotations
 
@@ -239,15 +239,16 @@ def load_decoder_state(path: str):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"VQGAN decoder weights not found at {path!r}: convert Meta's released vqgan.ckpt "
-                                "with `python -m ssd_core.convert_vqgan vqgan.ckpt vqgan.safetensors`")
+                                "with `python -m ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt vqgan.safetensors`")
     if not path.endswith(".safetensors"):
         raise ValueError(f"{path!r}: the VQGAN decoder loads from .safetensors only "
-                         "(convert a .ckpt with `python -m ssd_core.convert_vqgan`)")
+                         "(convert a .ckpt with `python -m ssd_core.pixel_decoders.convert_vqgan`)")
     state = {}
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
         if METADATA_KEY not in meta:
-            raise ValueError(f"{path!r} has no '{METADATA_KEY}' metadata: write it with ssd_core.convert_vqgan")
+            raise ValueError(f"{path!r} has no '{METADATA_KEY}' metadata: write it with "
+                             "ssd_core.pixel_decoders.convert_vqgan")
         cfg = VQGANConfig.from_json(meta[METADATA_KEY])
         for k in f.keys():
             state[k] = f.get_tensor(k)

@@ -1,7 +1,7 @@
 """Convert Meta's released Chameleon VQGAN checkpoint (``vqgan.ckpt``, used by Lumina-mGPT) to the safetensors
-file ``ssd_core.families.vqgan`` loads.
+file ``ssd_core.pixel_decoders.chameleon_vqgan`` loads.
 
-    python -m ssd_core.convert_vqgan path/to/vqgan.ckpt path/to/model_folder/vqgan.safetensors
+    python -m ssd_core.pixel_decoders.convert_vqgan path/to/vqgan.ckpt path/to/model_folder/vqgan.safetensors
 
 The checkpoint is read with ``torch.load(..., weights_only=True)`` (no pickled code runs). Only the decoder,
 quantizer and post_quant_conv tensors are kept (the encoder is not needed to draw pixels); they are copied
@@ -85,7 +85,8 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="python -m ssd_core.convert_vqgan", description=__doc__,
+    parser = parser or argparse.ArgumentParser(prog="python -m ssd_core.pixel_decoders.convert_vqgan",
+                                               description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ckpt", help="Meta's released vqgan.ckpt")
     parser.add_argument("out", help="output .safetensors (put it in the Lumina-mGPT model folder as "
