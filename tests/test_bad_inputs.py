@@ -108,6 +108,11 @@ def _small_vq(folder, root):
 FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("no config.json", _delete("config.json"), ["no config.json", "transformers model folder"]),
     ("config.json not JSON", _write("config.json", "{oops"), ["config.json is not valid JSON", "re-download"]),
+    ("config.json a list", _write("config.json", "[1]"), ["holds a JSON list, not an object"]),
+    ("neither ssd_model.json nor a known class", _delete("ssd_model.json"),
+     ["LlamaForCausalLM: not a supported AR image model", "ssd_model.json (llama-grid)"]),
+    ("no ssd_model.json, config.json not JSON",
+     lambda f, r: (_delete("ssd_model.json")(f, r), _write("config.json", "{")(f, r)), ["config.json is not valid JSON"]),
     ("no weights", _delete("model.safetensors"), ["no model weights", "model.safetensors"]),
     ("truncated weights", _truncate, ["could not load the model", "re-download"]),
     ("pickle weights only", _pickle_only, ["pytorch_model.bin", "never", "safetensors"]),

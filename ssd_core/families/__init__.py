@@ -41,10 +41,11 @@ def detect_family(folder: Path) -> str:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise SSDError(f"{spec} is not valid JSON ({err}); see the README, section 'ssd_model.json'") from None
         return data.get("family", "llama-grid") if isinstance(data, dict) else "llama-grid"  # llama-grid says why
-    config = folder / "config.json"
-    if not config.is_file():
-        raise SSDError(f"{folder} has no config.json: it is not a transformers model folder")
-    arch = (json.loads(config.read_text()).get("architectures") or [""])[0]
+    from ..hub import read_config
+
+    config = read_config(folder)  # an SSDError when missing or not JSON
+    archs = config.get("architectures")
+    arch = str(archs[0]) if isinstance(archs, list) and archs else ""
     if arch in ARCHITECTURES:
         return ARCHITECTURES[arch]
     from ..hub import family_of_folder

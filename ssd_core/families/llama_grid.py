@@ -181,8 +181,7 @@ class LlamaGridModel(GridModel):
         from .. import hub
 
         folder = Path(folder)
-        config = hub.read_config(folder)
-        vocab = config.get("vocab_size") if isinstance(config, dict) else None
+        vocab = hub.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
         spec = read_spec(folder, vocab if _is_whole(vocab) else None)
         vq = load_vq_decoder(folder, spec)
         weights_check(folder)
