@@ -52,8 +52,8 @@ def read_spec(folder: Path, vocab: int | None = None) -> dict:
         raise SSDError(f"{path}: class_names must be a list of num_classes ({spec['num_classes']}) non-empty "
                        f"names, or [] / left out (classes are then named by their index); {SEE}")
     try:
-        SamplerSettings(0, _number(spec.get("default_cfg", 3.0)), _number(spec.get("default_temperature", 1.0)),
-                        _number(spec.get("default_top_k", 0)), _number(spec.get("default_top_p", 1.0)))
+        SamplerSettings(0, spec.get("default_cfg", 3.0), spec.get("default_temperature", 1.0),
+                        spec.get("default_top_k", 0), spec.get("default_top_p", 1.0))
     except SSDError as err:
         raise SSDError(f"{path}: a default_* sampler value is out of range ({err}); {SEE}") from None
     vq = spec.get("vq_decoder")
@@ -92,10 +92,6 @@ def _list(path, spec: dict, key: str) -> list:
     if not isinstance(value, list):
         raise SSDError(f"{path}: {key} must be a list, got {_short(value)}; {SEE}")
     return value
-
-
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
 
 
 def _short(value, limit: int = 60) -> str:
