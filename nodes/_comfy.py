@@ -212,7 +212,6 @@ class Progress:
         self.bar_interval = bar_interval
         self._last_send = 0.0
         self._last_bar = 0.0
-        self.sent = 0
         try:
             import comfy.utils
             self.bar = comfy.utils.ProgressBar(total)
@@ -244,5 +243,4 @@ class Progress:
         payload = dict(data)
         payload["node"] = None if self.node_id is None else str(self.node_id)
         self.server.send_sync(event, payload, getattr(self.server, "client_id", None))
-        self.sent += 1
         return True

@@ -6,6 +6,7 @@ import torch
 
 from .. import ssd_core
 from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, without_heads
+from ..ssd_core.families import families_with_negative_prompts
 from ..ssd_core.families.llama_grid import class_index
 from ..ssd_core.trace import parse_grid
 from . import _comfy
@@ -95,7 +96,8 @@ class SSDSampler:
                 "prompt": ("STRING", {"multiline": True, "default": "cat",
                            "tooltip": "text; for class-conditional models (the reference) a class name or index"}),
                 "negative_prompt": ("STRING", {"multiline": True, "default": "",
-                                    "tooltip": "only for families with negative prompts (janus, emu3, lumina)"}),
+                                    "tooltip": "only for families that take one ("
+                                    f"{', '.join(families_with_negative_prompts())}); the others refuse it"}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True}),
                 "cfg": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 100.0, "step": 0.1, "round": 0.01,
                         "tooltip": "classifier-free guidance scale; -1 = the model's default"}),

@@ -1,25 +1,12 @@
-"""The trace of a run: its compact form for the browser widget, and SSD Trace to Image.
-
-The palette and the status codes here are the same as in web/ssd_grid_core.js (a test checks).
-"""
+"""The trace of a run for ComfyUI: its compact form for the browser widget, its stats line, and SSD Trace to
+Image. Statuses, palette, JSON-safe numbers and the status image are ssd_core/trace.py's (web/ssd_grid_core.js
+matches them, a test checks)."""
 
 import math
 
-import torch
+from ..ssd_core.trace import STATUSES, finite_or_none, status_image
 
-from ..ssd_core.images import STATUS_COLORS
-
-# status code in the compact string -> name; order is the code (pending = "0")
-STATUS_NAMES = ("pending", "ar", "accepted", "corrected", "forced")
-STATUS_CODE = {name: str(i) for i, name in enumerate(STATUS_NAMES)}
-PALETTE = STATUS_COLORS
-BACKGROUND = (20, 20, 20)
-
-
-def _finite(x):
-    """JSON has no Infinity / NaN (a browser refuses the whole message): those become None."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+STATUS_CODE = {name: str(i) for i, name in enumerate(STATUSES)}  # the compact string's digit per status
 
 
 def encode_status(status):
@@ -28,7 +15,7 @@ def encode_status(status):
     try:
         return "".join(code[s] for row in status for s in row)
     except KeyError as e:
-        raise ValueError(f"unknown cell status {e.args[0]!r}; known: {', '.join(STATUS_NAMES)}") from None
+        raise ValueError(f"unknown cell status {e.args[0]!r}; known: {', '.join(STATUSES)}") from None
 
 
 def _flat(rows):
@@ -57,8 +44,8 @@ def compact(trace, done=True):
         "grid": [h, w],
         "status": encode_status(trace["status"]),
         "steps": int(trace.get("steps", 0)),
-        "wall_s": _finite(trace.get("wall_s", 0.0) or 0.0),
-        "prefill_s": _finite(trace.get("prefill_s", 0.0) or 0.0),
+        "wall_s": finite_or_none(trace.get("wall_s", 0.0) or 0.0),
+        "prefill_s": finite_or_none(trace.get("prefill_s", 0.0) or 0.0),
         "counts": {k: int(v) for k, v in (trace.get("counts") or {}).items()},
         "seed": trace.get("seed"),
     }
@@ -68,7 +55,7 @@ def compact(trace, done=True):
         out["round"] = _flat(trace["round"])
     for key in ("tokens_per_step", "nll"):
         if trace.get(key) is not None:
-            out[key] = _finite(trace[key])
+            out[key] = finite_or_none(trace[key])
     return out
 
 
@@ -97,7 +84,7 @@ def stats_text(trace):
     if steps:
         parts.append(f"{cells}/{steps} = {cells / steps:.2f} tokens per step")
     parts.append(f"{float(trace.get('wall_s', 0.0) or 0.0):.2f} s")
-    kinds = ", ".join(f"{k} {counts[k]}" for k in STATUS_NAMES if counts.get(k))
+    kinds = ", ".join(f"{k} {counts[k]}" for k in STATUSES if counts.get(k))
     if kinds:
         parts.append(kinds)
     nll, full = trace.get("nll"), trace.get("nll_full")
@@ -111,34 +98,10 @@ def stats_text(trace):
     return " | ".join(parts)
 
 
-def _gradient(value, top):
-    """Dark blue (early) -> yellow (late)."""
-    t = 0.0 if top <= 0 else max(0.0, min(1.0, value / top))
-    a, b = (30, 40, 110), (250, 220, 60)
-    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))
-
-
 def render(trace, cell_size=16, color_by="status", gridlines=True):
     """The grid as an IMAGE tensor [1, H*cell, W*cell, 3] in [0, 1]."""
     check_trace(trace)
-    h, w = (int(v) for v in trace["grid"])
-    if color_by == "status":
-        lut = {name: PALETTE[name] for name in STATUS_NAMES}
-        colors = [[lut.get(s, BACKGROUND) for s in row] for row in trace["status"]]
-    elif color_by in ("step", "round"):
-        if color_by not in trace:
-            raise ValueError(f"this trace has no per-cell '{color_by}': pick color_by = status.")
-        vals = trace[color_by]
-        top = max((v for row in vals for v in row), default=0)
-        colors = [[_gradient(v, top) if v >= 0 else BACKGROUND for v in row] for row in vals]
-    else:
-        raise ValueError(f"unknown color_by '{color_by}': pick status, step or round.")
-    grid = torch.tensor(colors, dtype=torch.float32) / 255.0  # [H, W, 3]
-    img = grid.repeat_interleave(cell_size, 0).repeat_interleave(cell_size, 1)
-    if gridlines and cell_size >= 4:
-        img[::cell_size, :, :] *= 0.6
-        img[:, ::cell_size, :] *= 0.6
-    return img.unsqueeze(0).contiguous()
+    return status_image(trace, cell_size, color_by, gridlines).unsqueeze(0)
 
 
 class SSDTraceToImage:

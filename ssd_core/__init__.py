@@ -1,8 +1,6 @@
 """ssd_core: spatially speculative decoding for autoregressive image models (torch + transformers only)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from .api import generate, list_bundled, load_heads, load_model
 from .decoders import DECODERS
 from .errors import Cancelled, SSDError
@@ -10,4 +8,3 @@ from .heads import DraftHeads
 
 __all__ = ["DECODERS", "Cancelled", "DraftHeads", "SSDError", "generate", "list_bundled", "load_heads", "load_model"]
 __version__ = "0.1.0"
-PACKAGE_DIR = Path(__file__).parent

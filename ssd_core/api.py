@@ -70,12 +70,8 @@ def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
-    if family is not None and family != "llama-grid":  # the family's loader names repo ids and downloads
-        return family_class(family).load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
-    family = family or detect_family(folder)
-    if download is not None and family != "llama-grid":
-        kwargs["download"] = download
-    return family_class(family).load(folder, resolve_dtype(dtype, device), device, **kwargs)
+    cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
+    return cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
 
 
 def load_heads(name_or_path: str | Path, model) -> DraftHeads:

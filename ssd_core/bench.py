@@ -12,7 +12,7 @@ import torch
 from .api import generate
 from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads
 from .errors import SSDError
-from .trace import finite_or_none
+from .trace import finite_or_none, status_image
 
 
 @dataclass
@@ -166,7 +166,7 @@ def verify_cost(model, prompt, cfg: float | None = None, negative_prompt: str = 
 
 
 def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
-    from .images import save_image, sheet, status_image
+    from .images import save_image, sheet
 
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = [v[0] for v in variants]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, spec
 from .errors import SSDError
-from .trace import parse_grid
+from .trace import parse_grid, status_image
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,7 +127,7 @@ def _load(args):
 
 def cmd_generate(args) -> int:
     from . import generate
-    from .images import save_image, status_image
+    from .images import save_image
 
     model, heads = _load(args)
     prompt = args.prompt if args.prompt is not None else 0

@@ -1,4 +1,4 @@
-"""Where the real models' files come from, and reading a transformers folder with the loading options.
+"""Reading a transformers folder with the loading options, downloads, and the token helpers families share.
 
 Nothing here touches the network unless the caller asks for a download (`download=True`); then the repo is
 fetched with huggingface_hub into the folder the caller names, never into a hidden cache. Offline, or a repo
@@ -13,19 +13,6 @@ from pathlib import Path
 import torch
 
 from .errors import SSDError
-
-# family -> the transformers-format repos its adapter reads (the first is the default download)
-REPO_IDS: dict[str, list[str]] = {
-    "janus": ["deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"],
-    "emu3": ["BAAI/Emu3-Gen-hf"],
-    "lumina": ["Alpha-VLLM/Lumina-mGPT-7B-768", "Alpha-VLLM/Lumina-mGPT-7B-512", "Alpha-VLLM/Lumina-mGPT-7B-1024"],
-}
-# what transformers calls each family in config.json
-MODEL_TYPES: dict[str, tuple[str, ...]] = {"janus": ("janus",), "emu3": ("emu3",), "lumina": ("chameleon",)}
-EXTRA_FILES = {
-    "lumina": "vqgan.safetensors (Meta's Chameleon tokenizer/vqgan.ckpt converted with "
-              "`python -m ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)",
-}
 
 # prompts the head trainer samples when it is given none (self-distillation wants thousands: pass a prompt file)
 TRAINING_PROMPTS = (
@@ -63,15 +50,6 @@ def parse_dtype(dtype) -> torch.dtype | None:
     return DTYPES[key]
 
 
-def family_of_folder(folder) -> str | None:
-    """The family whose transformers class a folder's config.json names (None: not one of ours)."""
-    model_type = read_config(folder).get("model_type")
-    for family, types in MODEL_TYPES.items():
-        if model_type in types:
-            return family
-    return None
-
-
 def read_config(folder) -> dict:
     folder = Path(folder)
     if not folder.is_dir():
@@ -88,33 +66,9 @@ def read_config(folder) -> dict:
     return config
 
 
-def where_to_get(family: str, folder) -> str:
-    repos = REPO_IDS.get(family, [])
-    text = f"download {' or '.join(repos)} from the Hugging Face Hub into {folder}" if repos else \
-        f"put the model's files into {folder}"
-    if family in EXTRA_FILES:
-        text += f", and add {EXTRA_FILES[family]}"
-    return text
-
-
-def check_folder(folder, family: str) -> dict:
-    """The folder exists, holds a transformers config, and that config is of `family`'s class."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise SSDError(f"{family} model folder {folder} does not exist: {where_to_get(family, folder)} "
-                       "(or load with download=True to fetch it there)")
-    cfg = read_config(folder)
-    model_type = cfg.get("model_type")
-    if model_type not in MODEL_TYPES[family]:
-        other = next((f for f, t in MODEL_TYPES.items() if model_type in t), None)
-        hint = f"; it is a {other} model: load it as family {other!r}" if other else ""
-        raise SSDError(f"{folder} holds a {model_type!r} model, not a {family} model "
-                       f"(expected model_type {' or '.join(MODEL_TYPES[family])}){hint}")
-    return cfg
-
-
-def download(repo_id: str, folder, family: str | None = None, local_files_only: bool | None = None) -> Path:
-    """Fetch `repo_id` into `folder` with huggingface_hub (only call this when the user asked for a download)."""
+def download(repo_id: str, folder, extra_files: str = "", local_files_only: bool | None = None) -> Path:
+    """Fetch `repo_id` into `folder` with huggingface_hub (only call this when the user asked for a download);
+    `extra_files`: what the folder needs besides the repo's files (named in the error message)."""
     folder = Path(folder)
     try:
         from huggingface_hub import snapshot_download
@@ -126,24 +80,13 @@ def download(repo_id: str, folder, family: str | None = None, local_files_only: 
     try:
         snapshot_download(repo_id=repo_id, local_dir=str(folder), local_files_only=local_files_only)
     except Exception as err:  # offline, unknown repo, gated repo, network: one clear message
-        extra = f", and add {EXTRA_FILES[family]}" if family in EXTRA_FILES else ""
+        extra = f", and add {extra_files}" if extra_files else ""
         raise SSDError(f"could not download {repo_id} into {folder} ({type(err).__name__}: "
                        f"{str(err).splitlines()[0] if str(err) else 'no details'}); "
                        f"without network access, copy the files of {repo_id} into {folder}{extra}") from None
     if not (folder / "config.json").is_file():
         raise SSDError(f"the download of {repo_id} into {folder} holds no config.json; copy the files of "
                        f"{repo_id} into {folder}")
-    return folder
-
-
-def ensure_folder(folder, family: str, download_repo: str | bool | None = None) -> Path:
-    """The local folder of a `family` model; with `download_repo` (True = the family's default repo id, or a
-    repo id) a missing folder is fetched into `folder` first. Never touches the network otherwise."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file() and download_repo:
-        repo = REPO_IDS[family][0] if download_repo is True else str(download_repo)
-        download(repo, folder, family)
-    check_folder(folder, family)
     return folder
 
 
@@ -242,19 +185,3 @@ def token_id_list(prompt) -> list[int] | None:
             raise SSDError("a prompt given as token ids must be a list of non-negative integers")
         return [int(t) for t in prompt]
     return None
-
-
-def build_random(model_cls, config, device="cpu", dtype=torch.bfloat16, seed: int = 0):
-    """A random-init transformers model of `config`, built directly on `device` (for timing full-size shapes
-    without their weights: the step-cost curve). Built in float32, then cast."""
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(config)
-    return model.to(dtype=dtype).eval()
-
-
-def count_parameters(model_cls, config) -> int:
-    """Parameters of `config`'s model, counted on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        model = model_cls(config)
-    return sum(p.numel() for p in model.parameters())

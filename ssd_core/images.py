@@ -1,12 +1,8 @@
-"""Pixels out: PNG writing, the token-status grid as an image, side-by-side sheets."""
+"""Pixels out: PNG writing and side-by-side sheets (the status grid as an image: trace.status_image)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
-
-# status -> RGB: the one palette of the pack (nodes/trace.py uses it; web/ssd_grid_core.js matches, tested)
-STATUS_COLORS = {"pending": (43, 43, 43), "ar": (138, 143, 152), "accepted": (63, 185, 80),
-                 "corrected": (240, 136, 62), "forced": (88, 166, 255)}
 
 
 def to_uint8(image) -> np.ndarray:
@@ -18,20 +14,6 @@ def save_image(image, path) -> None:
     from PIL import Image
 
     Image.fromarray(to_uint8(image)).save(path)
-
-
-def status_image(trace: dict, cell: int = 8) -> np.ndarray:
-    """The status grid of a trace as float RGB [H*cell, W*cell, 3] in [0, 1], one colour per status."""
-    status = trace["status"]
-    H, W = len(status), len(status[0])
-    img = np.zeros((H * cell, W * cell, 3), dtype=np.float32)
-    for y, row in enumerate(status):
-        for x, s in enumerate(row):
-            img[y * cell:(y + 1) * cell, x * cell:(x + 1) * cell] = np.array(STATUS_COLORS[s]) / 255.0
-    if cell >= 4:  # thin grid lines
-        img[::cell, :] *= 0.85
-        img[:, ::cell] *= 0.85
-    return img
 
 
 def sheet(images: list, pad: int = 4) -> np.ndarray:

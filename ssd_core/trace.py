@@ -1,4 +1,5 @@
-"""What a run reports: how each cell became final, and per-run figures."""
+"""What a run reports and how it is shown: how each cell became final, per-run figures, the status palette
+and status image, JSON-safe numbers, and the grid parser (the CLI, bench and the nodes all use these)."""
 from __future__ import annotations
 
 import math
@@ -9,13 +10,18 @@ import torch
 
 from .errors import SSDError
 
-STATUSES = ("pending", "ar", "accepted", "corrected", "forced")
+STATUSES = ("pending", "ar", "accepted", "corrected", "forced")  # the order is the status code
 PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
+# status -> RGB: the one palette of the pack (web/ssd_grid_core.js matches it, a test checks)
+STATUS_COLORS = {"pending": (43, 43, 43), "ar": (138, 143, 152), "accepted": (63, 185, 80),
+                 "corrected": (240, 136, 62), "forced": (88, 166, 255)}
+BACKGROUND = (20, 20, 20)  # a cell without a value (an unknown status, a step of -1)
 
 
-def finite_or_none(x):
-    """JSON has no Infinity: an infinite NLL (a token outside top-k / top-p) is written as null."""
-    return x if x is None or math.isfinite(x) else None
+def finite_or_none(x) -> float | None:
+    """JSON has no Infinity / NaN (a browser refuses the whole message): an infinite NLL (a token outside
+    top-k / top-p) or a NaN is written as null."""
+    return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
 def parse_grid(text) -> tuple[int, int] | None:
@@ -120,3 +126,31 @@ class Trace:
             "nll_full": self.nll_full, "out_of_support": self.out_of_support,
             "seed": self.settings.get("seed"), "settings": self.settings,
         }
+
+
+def _gradient(value, top) -> tuple[int, int, int]:
+    """Dark blue (early) -> yellow (late)."""
+    t = 0.0 if top <= 0 else max(0.0, min(1.0, value / top))
+    a, b = (30, 40, 110), (250, 220, 60)
+    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))
+
+
+def status_image(trace: dict, cell: int = 8, color_by: str = "status", gridlines: bool = True) -> torch.Tensor:
+    """The grid of a trace dict as float RGB [H*cell, W*cell, 3] in [0, 1]: one colour per cell status, or a
+    gradient by the step / verification round that made the cell final."""
+    if color_by == "status":
+        colors = [[STATUS_COLORS.get(s, BACKGROUND) for s in row] for row in trace["status"]]
+    elif color_by in ("step", "round"):
+        if color_by not in trace:
+            raise ValueError(f"this trace has no per-cell '{color_by}': pick color_by = status.")
+        vals = trace[color_by]
+        top = max((v for row in vals for v in row), default=0)
+        colors = [[_gradient(v, top) if v >= 0 else BACKGROUND for v in row] for row in vals]
+    else:
+        raise ValueError(f"unknown color_by '{color_by}': pick status, step or round.")
+    grid = torch.tensor(colors, dtype=torch.float32) / 255.0  # [H, W, 3]
+    img = grid.repeat_interleave(cell, 0).repeat_interleave(cell, 1)
+    if gridlines and cell >= 4:  # thin dark lines between cells
+        img[::cell, :, :] *= 0.6
+        img[:, ::cell, :] *= 0.6
+    return img.contiguous()

@@ -1,4 +1,4 @@
-"""Self-distillation of the draft heads on grids the base model generates itself (spec section 3).
+"""Self-distillation of the draft heads on grids the base model generates itself.
 
 1. grids: the base model samples its own images (batched AR with CFG), or they are read from a file;
 2. features: one teacher-forced forward per grid collects the pre-norm last-layer features of both

@@ -1,5 +1,13 @@
+"""Shared by the tests: the import path, one thread, the pack imported as ComfyUI does, the bundled model
+through the nodes, stand-ins for ComfyUI's modules, and the family test modules' model fixtures."""
+import importlib
+import importlib.util
+import json
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 for p in (str(ROOT), str(ROOT / "tests")):
@@ -10,3 +18,131 @@ import torch  # noqa: E402
 
 # Tiny models run fastest on one thread, and a busy machine makes more threads stall each other.
 torch.set_num_threads(1)
+
+PACK = "comfyui_ssd_pack"
+REF_DIR = ROOT / "ssd_core" / "reference" / "model"
+SMALL = "12x12"  # a smaller grid for the node checks that do not need the model's full one (CPU time)
+
+
+# ---- the pack as ComfyUI imports it ---------------------------------------------------------------------------
+def load_pack(name=PACK):
+    """The repo root imported as a package (as ComfyUI does), without ComfyUI; returns its `nodes` module."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return importlib.import_module(name + ".nodes")
+
+
+def pack_module(dotted: str):
+    """A module of the pack imported as ComfyUI does, e.g. pack_module("ssd_core.trace")."""
+    load_pack()
+    return importlib.import_module(f"{PACK}.{dotted}")
+
+
+def model_missing():
+    if not (REF_DIR / "config.json").is_file():
+        return f"the bundled reference model is absent ({REF_DIR}/config.json)"
+    if not any(REF_DIR.glob("*.safetensors")) and not any(REF_DIR.glob("*.bin")):
+        return f"the bundled reference model's weights are absent from {REF_DIR}"
+    return None
+
+
+def heads_missing():
+    if not (REF_DIR / "heads.safetensors").is_file():
+        return f"the bundled heads are absent ({REF_DIR}/heads.safetensors)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def ref_model():
+    """The bundled model through the loader node, without heads (ar, sjd, zipar)."""
+    if model_missing():
+        pytest.skip(model_missing())
+    (m,) = load_pack().SSDLoadModel().load("reference", "auto", "cpu")
+    return m
+
+
+@pytest.fixture(scope="module")
+def ref(ref_model):
+    """The bundled model with its bundled heads, through the two loader nodes."""
+    if heads_missing():
+        pytest.skip(heads_missing())
+    (mh,) = load_pack().SSDLoadHeads().load(ref_model, "reference")
+    return mh
+
+
+def run(model, **kw):
+    """The SSD Sampler node on `model` with the node's defaults, overridden by kw."""
+    args = dict(prompt="cat", negative_prompt="", seed=7, cfg=-1, temperature=-1, top_k=-1, top_p=-1,
+                decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto", unique_id="7")
+    args.update(kw)
+    return load_pack().SSDSampler().sample(model, **args)
+
+
+# ---- stand-ins for ComfyUI's modules ------------------------------------------------------------------------------
+class FakeComfy:
+    def __init__(self):
+        self.progress, self.previews, self.events = [], [], []
+        self.interrupt_after = None  # processing_interrupted() turns True after this many calls
+        self.polls = 0
+
+
+@pytest.fixture
+def fake_comfy(monkeypatch):
+    rec = FakeComfy()
+    comfy = types.ModuleType("comfy")
+    utils = types.ModuleType("comfy.utils")
+    mm = types.ModuleType("comfy.model_management")
+
+    class ProgressBar:
+        def __init__(self, total, node_id=None):
+            self.total = total
+
+        def update_absolute(self, value, total=None, preview=None):
+            rec.progress.append((value, total))
+            if preview is not None:
+                rec.previews.append(preview)
+
+    class InterruptProcessingException(Exception):
+        pass
+
+    def processing_interrupted():
+        rec.polls += 1
+        return rec.interrupt_after is not None and rec.polls > rec.interrupt_after
+
+    utils.ProgressBar = ProgressBar
+    mm.InterruptProcessingException = InterruptProcessingException
+    mm.processing_interrupted = processing_interrupted
+    mm.get_torch_device = lambda: torch.device("cpu")
+    mm.soft_empty_cache = lambda: None
+    comfy.utils, comfy.model_management = utils, mm
+    server = types.ModuleType("server")
+
+    class Instance:
+        client_id = "client-1"
+
+        def send_sync(self, event, data, sid=None):
+            json.dumps(data)  # must be JSON-able
+            rec.events.append((event, data, sid))
+
+    server.PromptServer = types.SimpleNamespace(instance=Instance())
+    for name, mod in (("comfy", comfy), ("comfy.utils", utils), ("comfy.model_management", mm), ("server", server)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    rec.InterruptProcessingException = InterruptProcessingException
+    return rec
+
+
+# ---- the family test modules: a tiny model folder built by the module's BUILD(folder) -----------------------
+@pytest.fixture(scope="module")
+def folder(request, tmp_path_factory):
+    return request.module.BUILD(tmp_path_factory.mktemp(request.module.__name__) / "model")
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    import ssd_core
+
+    return ssd_core.load_model(folder, dtype="fp32")

@@ -53,8 +53,6 @@ def browser_missing():
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
-PALETTE = {"accepted": "#3fb950", "corrected": "#f0883e", "ar": "#8a8f98"}
-
 
 @pytest.fixture(scope="module")
 def browser_run(tmp_path_factory):

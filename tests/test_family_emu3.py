@@ -10,14 +10,7 @@ PROMPT = "a red cat"
 GRID = (3, 4)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_emu3(tmp_path_factory.mktemp("emu3") / "model")
-
-
-@pytest.fixture(scope="module")
-def model(folder):
-    return ssd_core.load_model(folder, dtype="fp32")
+BUILD = build_emu3  # the `folder` and `model` fixtures of conftest.py build this family
 
 
 def test_loads_as_emu3(model):

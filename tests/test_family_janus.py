@@ -9,14 +9,7 @@ from tiny_families import build_janus, check_cfg_matches_unbatched, check_every_
 PROMPT = "a red cat"
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_janus(tmp_path_factory.mktemp("janus") / "model")
-
-
-@pytest.fixture(scope="module")
-def model(folder):
-    return ssd_core.load_model(folder, dtype="fp32")
+BUILD = build_janus  # the `folder` and `model` fixtures of conftest.py build this family
 
 
 def test_loads_as_janus(model):

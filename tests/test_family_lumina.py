@@ -11,14 +11,7 @@ PROMPT = "a red cat"
 GRID = (4, 4)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_lumina(tmp_path_factory.mktemp("lumina") / "model")
-
-
-@pytest.fixture(scope="module")
-def model(folder):
-    return ssd_core.load_model(folder, dtype="fp32")
+BUILD = build_lumina  # the `folder` and `model` fixtures of conftest.py build this family
 
 
 def test_loads_as_lumina(model):
@@ -114,7 +107,7 @@ def test_random_init_of_released_shapes():
     # Chameleon's real ids: image start 8197 and the size tokens 8804 + size / 32 (at a 16-code vocabulary the
     # image tokens end earlier, so only the reserved ids can be checked)
     assert m.row_end_id == 8803 and m.turn_end_id == 8710 and m.size_ids((48, 48)) == [8828, 8828]
-    from ssd_core.families.lumina import random_vocabulary
+    from ssd_core.dev.random_models import lumina_vocabulary
 
-    full = random_vocabulary(65536, 8192)
+    full = lumina_vocabulary(65536, 8192)
     assert full["<racm3:break>"] == 8197 and full["<eoss>"] == 8196 and full["IMGIMGBAZ"] == 14

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core import hub
+from ssd_core import families, hub
 from ssd_core.families.emu3 import Emu3Model
 from ssd_core.families.janus import JanusModel
 from ssd_core.families.lumina import LuminaModel
@@ -21,7 +21,7 @@ def folders(tmp_path_factory):
 
 @pytest.mark.parametrize("family,cls", [("janus", JanusModel), ("emu3", Emu3Model), ("lumina", LuminaModel)])
 def test_detected_from_config(folders, family, cls):
-    assert hub.family_of_folder(folders[family]) == family
+    assert families.family_of_folder(folders[family]) == family
     assert isinstance(ssd_core.load_model(folders[family], dtype="fp32"), cls)
 
 
@@ -181,7 +181,7 @@ def test_lumina_release_config_loads(folders, tmp_path):
     cfg["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
     cfg["z_loss_weight"] = 1e-5
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert hub.family_of_folder(folder) == "lumina"
+    assert families.family_of_folder(folder) == "lumina"
     m = LuminaModel.load(folder, "fp32", "cpu")
     assert m.family == "lumina" and m.image_vocab_size == 16
     assert ssd_core.load_model(folder, dtype="fp32").family == "lumina"  # detected through the public call

@@ -1,15 +1,12 @@
 """The example workflows (UI format, example_workflows/) agree with their API-format copies
 (tests/workflows_api/): same nodes, same widget values, same links; and they fit the nodes' inputs."""
 
-import importlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_pack
+
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "tests" / "workflows_api"
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
@@ -17,17 +14,6 @@ FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
 CORE_WIDGETS = {"SaveImage": ["filename_prefix"], "PreviewImage": [], "PreviewAny": []}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 DOWNLOADED = {("SSDLoadModel", "model"), ("SSDLoadHeads", "heads")}  # lists depend on the user's files
-
-
-def load_pack(name="comfyui_ssd_pack"):
-    """The repo root imported as a package (as ComfyUI does), without ComfyUI."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return importlib.import_module(name + ".nodes")
 
 
 def ui_files():

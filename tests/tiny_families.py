@@ -255,7 +255,7 @@ def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int,
     return results
 
 
-# ---- random-weight models of given shapes (the full-size step-cost benchmark, here at tiny shapes) ------------
+# ---- random-weight models of given shapes (ssd_core/dev/random_models.py, here at tiny shapes) ---------------
 TINY_SHAPES = {
     "janus": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
               "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 300,
@@ -271,13 +271,14 @@ TINY_SHAPES = {
 
 
 def check_random_init(cls, family: str, grid, full_sizes: dict):
-    """random_init at tiny shapes generates from token-id prompts (no tokenizer); the released shapes count the
+    """A random-weight model at tiny shapes generates from token-id prompts (no tokenizer); the released shapes count the
     expected parameters (on the meta device)."""
     import ssd_core
-    from ssd_core import hub
+    from ssd_core.dev import random_models
 
-    m = cls.random_init(TINY_SHAPES[family], device="cpu", dtype=torch.float32, **({} if family == "janus"
-                                                                                   else {"grid": grid}))
+    m = random_models.random_model(family, TINY_SHAPES[family], device="cpu", dtype=torch.float32,
+                                   grid=None if family == "janus" else grid)
+    assert isinstance(m, cls)
     assert m.tokenizer is None and m.default_grid == tuple(grid)
     heads = ssd_core.DraftHeads.for_model(m)
     ar = ssd_core.generate(m, None, prompt=[5, 6, 7], negative_prompt=[] if family == "emu3" else "",
@@ -285,9 +286,7 @@ def check_random_init(cls, family: str, grid, full_sizes: dict):
     ex = ssd_core.generate(m, heads, prompt=[5, 6, 7], negative_prompt=[] if family == "emu3" else "",
                            decoder="ssd-exact", seed=1, score=False, decode_pixels=False)
     assert torch.equal(ar.tokens, ex.tokens) and tuple(ar.tokens.shape) == tuple(grid)
-    module = __import__(cls.__module__, fromlist=["random_config"])
-    model_cls = type(m.model)
     for name, (lo, hi) in full_sizes.items():
-        n = hub.count_parameters(model_cls, module.random_config(name))
+        n = random_models.count_parameters(family, name)
         assert lo < n / 1e9 < hi, (name, n)
     return m

@@ -1,5 +1,5 @@
 // Pure logic of the SSD token-grid widget: no DOM, no ComfyUI. Tested with `node --test tests/js/`.
-// The status codes and the palette are the same as in nodes/trace.py (a Python test checks).
+// The status codes and the palette are the same as in ssd_core/trace.py (a Python test checks).
 
 export const STATUS_NAMES = ["pending", "ar", "accepted", "corrected", "forced"];
 

@@ -4,7 +4,6 @@ Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very ima
 seed. A window token is final while every token before it was final or matched the verifier's output;
 the rest take the verifier's outputs (Jacobi iteration) and the heads only extend the window.
 """
-import torch
 
 from ..run import Policy, Run
 from .drafting import draft, rows_end

@@ -1,4 +1,8 @@
-"""Model families: each adapter turns one kind of transformers model into a GridModel."""
+"""The family registry: each adapter turns one kind of transformers model into a GridModel.
+
+A family is one file here (a GridModel subclass that names its repo ids, model types and architectures)
+plus one line in FAMILIES. Adapters are imported when first used.
+"""
 from __future__ import annotations
 
 import importlib
@@ -7,18 +11,12 @@ from pathlib import Path
 
 from ..errors import SSDError
 
-# family name -> (module, class); architectures in config.json -> family
+# family name -> (module, class)
 FAMILIES = {
     "llama-grid": (".llama_grid", "LlamaGridModel"),
     "janus": (".janus", "JanusModel"),
     "emu3": (".emu3", "Emu3Model"),
     "lumina": (".lumina", "LuminaModel"),
-}
-ARCHITECTURES = {
-    "JanusForConditionalGeneration": "janus",
-    "Emu3ForConditionalGeneration": "emu3",
-    "ChameleonForConditionalGeneration": "lumina",
-    "ChameleonXLLMXForConditionalGeneration": "lumina",  # Lumina-mGPT's released config.json
 }
 
 
@@ -29,8 +27,25 @@ def family_class(name: str):
     return getattr(importlib.import_module(module, __name__), cls)
 
 
+def families_with_negative_prompts() -> list[str]:
+    return [name for name in FAMILIES if family_class(name).negative_prompts]
+
+
+def family_of_model_type(model_type) -> str | None:
+    """The family whose transformers class has this config.json model_type (None: not one of ours)."""
+    return next((name for name in FAMILIES if model_type in family_class(name).model_types), None)
+
+
+def family_of_folder(folder) -> str | None:
+    """The family whose transformers class a folder's config.json names (None: not one of ours)."""
+    from ..hub import read_config
+
+    return family_of_model_type(read_config(folder).get("model_type"))
+
+
 def detect_family(folder: Path) -> str:
-    """The family of a transformers folder: ssd_model.json wins, else config.json's architectures."""
+    """The family of a transformers folder: ssd_model.json wins, else config.json's architectures, else its
+    model_type."""
     if not folder.is_dir():
         raise SSDError(f"model folder {folder} does not exist; put the model's files (config.json, "
                        "*.safetensors) in a folder under ComfyUI/models/ssd_models or pass its path")
@@ -43,15 +58,14 @@ def detect_family(folder: Path) -> str:
         return data.get("family", "llama-grid") if isinstance(data, dict) else "llama-grid"  # llama-grid says why
     from ..hub import read_config
 
-    config = read_config(folder)  # an SSDError when missing or not JSON
-    archs = config.get("architectures")
+    archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""
-    if arch in ARCHITECTURES:
-        return ARCHITECTURES[arch]
-    from ..hub import family_of_folder
-
+    by_arch = next((name for name in FAMILIES if arch in family_class(name).architectures), None)
+    if by_arch is not None:
+        return by_arch
     by_type = family_of_folder(folder)  # an unlisted class name of a known model_type
     if by_type is not None:
         return by_type
+    known = [a for name in FAMILIES for a in family_class(name).architectures]
     raise SSDError(f"{folder} holds a {arch or 'model without architectures'}: not a supported AR image model. "
-                   f"Supported: {', '.join(ARCHITECTURES)}, or any causal LM with an ssd_model.json (llama-grid)")
+                   f"Supported: {', '.join(known)}, or any causal LM with an ssd_model.json (llama-grid)")

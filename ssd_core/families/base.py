@@ -7,8 +7,11 @@ batch of 2 live once in ../session.py.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt, Session
 
@@ -28,17 +31,67 @@ def head_rows_logits(normed: torch.Tensor, head: torch.nn.Linear, rows) -> torch
 class GridModel:
     """A base AR image model behind one contract. Subclasses set the attributes and override the hooks."""
 
+    # ---- what the family is (class attributes; the registry in __init__.py reads them) ------------
     family: str = "base"
+    repo_ids: tuple[str, ...] = ()  # Hugging Face repos in transformers format; the first is the default download
+    model_types: tuple[str, ...] = ()  # config.json model_type values of this family (empty: any causal LM)
+    architectures: tuple[str, ...] = ()  # config.json architectures that name this family
+    extra_files: str = ""  # what a folder needs besides the repo's files
+    text_prompts: bool = False
+    negative_prompts: bool = False  # the unconditional stream can be a negative prompt
+    # ---- per model (set by __init__) --------------------------------------------------------------
     hidden_size: int
     image_vocab_size: int
     default_grid: tuple[int, int]
     class_names: list[str] | None = None
-    text_prompts: bool = False
-    negative_prompts: bool = False
     defaults: dict  # sampler defaults: cfg, temperature, top_k, top_p
 
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
+
+    # ---- loading: every family has this one signature ------------------------------------------
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "GridModel":
+        """A model folder -> a GridModel. `download` (True = the first of repo_ids, or a repo id) fetches a
+        folder without files first; kwargs are the family's options and transformers' loading options."""
+        raise NotImplementedError
+
+    @classmethod
+    def where_to_get(cls, folder) -> str:
+        text = f"download {' or '.join(cls.repo_ids)} from the Hugging Face Hub into {folder}" if cls.repo_ids \
+            else f"put the model's files into {folder}"
+        return text + (f", and add {cls.extra_files}" if cls.extra_files else "")
+
+    @classmethod
+    def check_folder(cls, folder) -> dict:
+        """The folder exists, holds a transformers config, and that config is of this family's class."""
+        from . import family_of_model_type
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise SSDError(f"{cls.family} model folder {folder} does not exist: {cls.where_to_get(folder)} "
+                           "(or load with download=True to fetch it there)")
+        cfg = hub.read_config(folder)
+        model_type = cfg.get("model_type")
+        if cls.model_types and model_type not in cls.model_types:
+            other = family_of_model_type(model_type)
+            hint = f"; it is a {other} model: load it as family {other!r}" if other else ""
+            raise SSDError(f"{folder} holds a {model_type!r} model, not a {cls.family} model "
+                           f"(expected model_type {' or '.join(cls.model_types)}){hint}")
+        return cfg
+
+    @classmethod
+    def ensure_folder(cls, folder, download=None) -> Path:
+        """The local folder of this family's model; with `download` (True = the first of repo_ids, or a repo
+        id) a folder without config.json is fetched first. Never touches the network otherwise."""
+        folder = Path(folder)
+        if not (folder / "config.json").is_file() and download:
+            if download is True and not cls.repo_ids:
+                raise SSDError(f"{cls.family} has no default repo to download: {cls.where_to_get(folder)}")
+            repo = cls.repo_ids[0] if download is True else str(download)
+            hub.download(repo, folder, cls.extra_files)
+        cls.check_folder(folder)
+        return folder
 
     # ---- hooks a family overrides -------------------------------------------------------------
     def backbone(self) -> torch.nn.Module:

@@ -20,7 +20,7 @@ import torch
 from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt
-from .base import GridModel, head_rows_logits
+from .text import PROMPT_ALLOWANCE, TextGridModel
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
 IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"
@@ -30,54 +30,20 @@ DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing finger
                     "username, blurry.")
 UPSTREAM_SIDE = 90  # 720 px at f = 8
 RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
-PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
 
-# Emu3-Gen's shapes, to time one step of the full-size architecture with random weights (random_init)
-SHAPES = {
-    "Emu3-Gen": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "vocab_size": 184622, "max_position_embeddings": 9216, "codes": 32768,
-                 "vq_base_channels": 256, "vq_channel_multiplier": [1, 2, 2, 4]},
-}
-
-
-def random_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
-    """A vocabulary map laid out as Emu3's: visual tokens last, the special tokens just below them, and the
-    characters the image prefix needs."""
-    first_visual = vocab_size - codes
-    specials = ["<|extra_200|>", "<|extra_201|>", "<|endoftext|>", "<|extra_203|>", "<|extra_204|>",
-                IMAGE_START, IMAGE_END, IMAGE_WRAPPER]
-    vocab = {name: first_visual - len(specials) + i for i, name in enumerate(specials)}
-    vocab.update({c: i for i, c in enumerate("0123456789*")})
-    vocab.update({f"<|visual token {i:06d}|>": first_visual + i for i in range(codes)})
-    return vocab
-
-
-def random_config(shapes="Emu3-Gen"):
-    from transformers import Emu3Config
-
-    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
-    codes, base, mult = sh.pop("codes"), sh.pop("vq_base_channels"), sh.pop("vq_channel_multiplier")
-    vocab = random_vocabulary(sh["vocab_size"], codes)
-    return Emu3Config(
-        text_config=dict(bos_token_id=vocab["<|extra_203|>"], eos_token_id=vocab["<|extra_204|>"],
-                         pad_token_id=vocab["<|endoftext|>"], attention_dropout=0.0, **sh),
-        vq_config=dict(codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=base,
-                       channel_multiplier=mult, num_res_blocks=1, attn_resolutions=[],
-                       hidden_size=base * mult[-1], num_attention_heads=1),
-        vocabulary_map=vocab)
-
-
-class Emu3Model(GridModel):
+class Emu3Model(TextGridModel):
     family = "emu3"
-    text_prompts = True
+    repo_ids = ("BAAI/Emu3-Gen-hf",)
+    model_types = ("emu3",)
+    architectures = ("Emu3ForConditionalGeneration",)
+    transformers_class = "Emu3ForConditionalGeneration"
+    name = "Emu3"
     negative_prompts = True
-    training_prompts = list(hub.TRAINING_PROMPTS)
+    load_options = ("grid",)
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, grid=None):
-        super().__init__(model)
+        super().__init__(model, tokenizer, folder)
         cfg = model.config
-        self.folder = folder
-        self.tokenizer = tokenizer
         self.hidden_size = int(cfg.text_config.hidden_size)
         vm = model.model.vocabulary_mapping
         img2bpe = vm.img2bpe
@@ -94,40 +60,16 @@ class Emu3Model(GridModel):
         tc = cfg.text_config
         gen = getattr(model, "generation_config", None)
         self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
-                             getattr(gen, "bos_token_id", None))
+                                   getattr(gen, "bos_token_id", None))
         self.eos_id = hub.first_id(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
-                             getattr(gen, "eos_token_id", None))
+                                   getattr(gen, "eos_token_id", None))
         self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
         if self.bos_id is None or self.eos_id is None:
             raise SSDError(f"Emu3 model {folder or ''} lacks BOS / EOS token ids in its config")
-        self.spatial_factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
         self.max_positions = int(getattr(tc, "max_position_embeddings", 9216))
-        if grid is not None:
-            self.default_grid = (int(grid[0]), int(grid[1]))
-        else:
-            side = UPSTREAM_SIDE
-            while side > 1 and self._length((side, side)) > self.max_positions - PROMPT_ALLOWANCE:
-                side -= 1
-            self.default_grid = (side, side)
+        self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else self.largest_square(UPSTREAM_SIDE)
         self.pixel_norm = hub.pixel_normalization(folder)
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
-
-    # ---- loading ---------------------------------------------------------------------------------------------
-    @classmethod
-    def load(cls, folder, dtype=None, device="cpu", download=None, grid=None, **kwargs) -> "Emu3Model":
-        from transformers import Emu3ForConditionalGeneration
-
-        folder = hub.ensure_folder(folder, cls.family, download)
-        model = hub.load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, **kwargs)
-        return cls(model, hub.load_tokenizer(folder), Path(folder), grid)
-
-    @classmethod
-    def random_init(cls, shapes="Emu3-Gen", device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None):
-        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
-        from transformers import Emu3ForConditionalGeneration
-
-        model = hub.build_random(Emu3ForConditionalGeneration, random_config(shapes), device, dtype, seed)
-        return cls(model, None, None, grid)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):
@@ -136,21 +78,15 @@ class Emu3Model(GridModel):
     def final_norm(self):
         return self.model.model.text_model.norm
 
-    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
-
-    def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.image_ids.to(codes.device)[codes]
-
-    def _length(self, grid) -> int:
+    def sequence_length(self, grid) -> int:
         H, W = grid
         return H * (W + 1) + 3
 
     def check_grid(self, grid):
         H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
         limit = self.max_positions - PROMPT_ALLOWANCE
-        if H < 1 or W < 1 or self._length((H, W)) > limit:
-            raise SSDError(f"Emu3 cannot make a {H}x{W} token grid: it needs {self._length((H, W))} positions, "
+        if H < 1 or W < 1 or self.sequence_length((H, W)) > limit:
+            raise SSDError(f"Emu3 cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} positions, "
                            f"{limit} are free after the prompt; choose a smaller grid (e.g. "
                            f"{self.default_grid[0]}x{self.default_grid[1]})")
         return (H, W)
@@ -162,7 +98,7 @@ class Emu3Model(GridModel):
         for rw, rh in RATIOS:
             s = math.sqrt(area / (rw * rh))
             g = (max(1, round(rh * s)), max(1, round(rw * s)))
-            if g not in out and self._length(g) <= self.max_positions - PROMPT_ALLOWANCE:
+            if g not in out and self.sequence_length(g) <= self.max_positions - PROMPT_ALLOWANCE:
                 out.append(g)
         return out
 
@@ -190,13 +126,7 @@ class Emu3Model(GridModel):
         given = [] if text == "" and self.tokenizer is None else hub.token_id_list(text)
         if given is not None:
             return [self.bos_id] + given + self.prefix_ids(grid)
-        if not isinstance(text, str):
-            raise SSDError(f"an Emu3 prompt is text (or a list of token ids), got {type(text).__name__}")
-        if self.tokenizer is None:
-            raise SSDError(f"the Emu3 model folder {self.folder} has no tokenizer (tokenizer.json / "
-                           "tokenizer_config.json): copy them from the model's repo")
-        ids = list(self.tokenizer(text + self.image_prefix(grid), add_special_tokens=False)["input_ids"])
-        return [self.bos_id] + ids
+        return [self.bos_id] + self.token_ids(self.check_text(text) + self.image_prefix(grid))
 
     def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
         grid = self.check_grid(grid)

@@ -18,52 +18,24 @@ import torch
 from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt
-from .base import GridModel
+from .text import TextGridModel
 
 USER, ASSISTANT = "<|User|>", "<|Assistant|>"
 IMAGE_START = "<begin_of_image>"
-BOS_ID, PAD_ID, BOI_ID = 100000, 100002, 100016  # Janus-Pro's ids (random_init only; real folders carry theirs)
-
-# language-model / generation shapes of the released models (the vision encoder, unused for generation, is kept
-# tiny in random_init); used to time one step of a full-size architecture with random weights
-SHAPES = {
-    "Janus-Pro-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 30,
-                     "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 102400,
-                     "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
-    "Janus-Pro-1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
-                     "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
-                     "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
-}
 
 
-def random_config(shapes="Janus-Pro-7B"):
-    """A JanusConfig with the language model and generation head of `shapes` (a SHAPES name or a dict)."""
-    from transformers import JanusConfig
-
-    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
-    codes, image_size, patch = sh.pop("codes"), sh.pop("image_size"), sh.pop("patch_size")
-    d = sh["hidden_size"]
-    n = image_size // patch
-    return JanusConfig(
-        text_config=dict(model_type="llama", bos_token_id=BOS_ID % sh["vocab_size"],
-                         pad_token_id=PAD_ID % sh["vocab_size"], **sh),
-        vision_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
-                           patch_size=patch, projection_dim=d, num_image_tokens=n * n, depth=1),
-        vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d),
-        tie_word_embeddings=False)
-
-
-class JanusModel(GridModel):
+class JanusModel(TextGridModel):
     family = "janus"
-    text_prompts = True
-    negative_prompts = False
-    training_prompts = list(hub.TRAINING_PROMPTS)
+    repo_ids = ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B")
+    model_types = ("janus",)
+    architectures = ("JanusForConditionalGeneration",)
+    transformers_class = "JanusForConditionalGeneration"
+    name = "Janus"
+    negative_prompts = False  # the unconditional stream is the padded prompt
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None):
-        super().__init__(model)
+        super().__init__(model, tokenizer, folder)
         cfg = model.config
-        self.folder = folder
-        self.tokenizer = tokenizer
         self.hidden_size = int(cfg.text_config.hidden_size)
         self.text_vocab = int(cfg.text_config.vocab_size)
         self.image_vocab_size = int(cfg.vq_config.num_embeddings)
@@ -72,9 +44,9 @@ class JanusModel(GridModel):
         gen = getattr(model, "generation_config", None)
         gkw = (getattr(gen, "generation_kwargs", None) or {}) if gen is not None else {}
         self.bos_id = hub.first_id(getattr(gen, "bos_token_id", None), getattr(tokenizer, "bos_token_id", None),
-                                     cfg.text_config.bos_token_id)
+                                   cfg.text_config.bos_token_id)
         self.pad_id = hub.first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
-                                     cfg.text_config.pad_token_id)
+                                   cfg.text_config.pad_token_id)
         boi = gkw.get("boi_token_id")
         if boi is None and tokenizer is not None:
             boi = hub.token_id(None, tokenizer, getattr(tokenizer, "boi_token", None) or IMAGE_START, None)
@@ -84,27 +56,6 @@ class JanusModel(GridModel):
         self.boi_id = int(boi)
         self.pixel_norm = hub.pixel_normalization(folder)
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-
-    # ---- loading ---------------------------------------------------------------------------------------------
-    @classmethod
-    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "JanusModel":
-        from transformers import JanusForConditionalGeneration
-
-        folder = hub.ensure_folder(folder, cls.family, download)
-        model = hub.load_pretrained(JanusForConditionalGeneration, folder, dtype, device, **kwargs)
-        return cls(model, hub.load_tokenizer(folder), Path(folder))
-
-    @classmethod
-    def random_init(cls, shapes="Janus-Pro-7B", device="cpu", dtype=torch.bfloat16, seed: int = 0) -> "JanusModel":
-        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
-        from transformers import GenerationConfig, JanusForConditionalGeneration
-
-        cfg = random_config(shapes)
-        model = hub.build_random(JanusForConditionalGeneration, cfg, device, dtype, seed)
-        v = cfg.text_config.vocab_size
-        model.generation_config = GenerationConfig(bos_token_id=BOS_ID % v, pad_token_id=PAD_ID % v,
-                                                   generation_kwargs={"boi_token_id": BOI_ID % v})
-        return cls(model)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):
@@ -142,12 +93,7 @@ class JanusModel(GridModel):
         given = hub.token_id_list(prompt)
         if given is not None:
             return [self.bos_id] + given + [self.boi_id]
-        if not isinstance(prompt, str):
-            raise SSDError(f"a Janus prompt is text (or a list of token ids), got {type(prompt).__name__}")
-        if self.tokenizer is None:
-            raise SSDError(f"the Janus model folder {self.folder} has no tokenizer (tokenizer.json / "
-                           "tokenizer_config.json): copy them from the model's repo")
-        ids = list(self.tokenizer(self.prompt_text(prompt), add_special_tokens=False)["input_ids"])
+        ids = self.token_ids(self.prompt_text(self.check_text(prompt)))
         if not ids or ids[-1] != self.boi_id:
             raise SSDError(f"the Janus tokenizer does not map {IMAGE_START!r} to the image-start token "
                            f"{self.boi_id}; check the model folder's tokenizer files")

@@ -171,12 +171,12 @@ class LlamaGridModel(GridModel):
         self._vq = vq if vq is not None else load_vq_decoder(folder, spec)
 
     @classmethod
-    def load(cls, folder: Path, dtype: torch.dtype | None, device, **kwargs) -> "LlamaGridModel":
+    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "LlamaGridModel":
         from transformers import AutoModelForCausalLM
 
         from .. import hub
 
-        folder = Path(folder)
+        folder = cls.ensure_folder(folder, download)
         vocab = hub.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
         spec = read_spec(folder, vocab if _is_whole(vocab) else None)
         vq = load_vq_decoder(folder, spec)

@@ -24,47 +24,15 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from ..session import Layout, Prompt
-from .base import GridModel, head_rows_logits
 from ..pixel_decoders.chameleon_vqgan import VQGANDecoder, find_vqgan
+from ..session import Layout, Prompt
+from .text import PROMPT_ALLOWANCE, TextGridModel
 
 IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 # Lumina-mGPT's ids in Chameleon's vocabulary (used when a name is missing from a model's vocabulary)
 IDS = {IMAGE_START: 8197, IMAGE_END: 8196, ROW_END: 8803, TURN_END: 8710}
 SIZE_BASE = 8800  # size token name: <reserved{8800 + px/32:05d}>, id 8804 + px/32
-PATCH_PX = 32  # Lumina-mGPT's size unit; a grid cell is 16 px, so a size token counts 2 cells
 UPSTREAM_SIDE = 48  # 768 px
-
-# Lumina-mGPT-7B (Chameleon-7B) shapes, to time one step of the full-size architecture with random weights
-SHAPES = {
-    "Lumina-mGPT-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                       "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 65536,
-                       "max_position_embeddings": 10240, "codes": 8192},
-}
-
-
-def random_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
-    """A vocabulary map laid out as Chameleon's: <s> <pad> </s>, image tokens from id 4 in code order, then
-    <eoss>, <racm3:break> and the reserved tokens at their real ids (<reservedNNNNN> = NNNNN + 4)."""
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2}
-    digits = {str(i): chr(ord("A") + i) for i in range(10)}
-    vocab.update({"IMGIMG" + "".join(digits[c] for c in str(i)) + "Z": 4 + i for i in range(codes)})
-    vocab.update({IMAGE_END: 4 + codes, IMAGE_START: 5 + codes})
-    for n in range(6 + codes, vocab_size):
-        if n - 4 >= 0 and n - 4 >= 8700 and n - 4 < 8900:
-            vocab[f"<reserved{n - 4:05d}>"] = n
-    return vocab
-
-
-def random_config(shapes="Lumina-mGPT-7B"):
-    from transformers import ChameleonConfig
-
-    sh = dict(SHAPES[shapes] if isinstance(shapes, str) else shapes)
-    codes = sh.pop("codes")
-    return ChameleonConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2,
-                           vocabulary_map=random_vocabulary(sh["vocab_size"], codes),
-                           vq_config=dict(num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
-                                          num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
 
 
 def size_token_name(cells: int) -> str:
@@ -86,18 +54,23 @@ def crop_size_grids(side_patches: int, max_ratio: float = 4.0) -> list[tuple[int
     return out
 
 
-class LuminaModel(GridModel):
+class LuminaModel(TextGridModel):
     family = "lumina"
-    text_prompts = True
-    negative_prompts = False
-    training_prompts = list(hub.TRAINING_PROMPTS)
+    repo_ids = ("Alpha-VLLM/Lumina-mGPT-7B-768", "Alpha-VLLM/Lumina-mGPT-7B-512", "Alpha-VLLM/Lumina-mGPT-7B-1024")
+    model_types = ("chameleon",)
+    architectures = ("ChameleonForConditionalGeneration",
+                     "ChameleonXLLMXForConditionalGeneration")  # the second: Lumina-mGPT's released config.json
+    extra_files = ("vqgan.safetensors (Meta's Chameleon tokenizer/vqgan.ckpt converted with "
+                   "`python -m ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)")
+    transformers_class = "ChameleonForConditionalGeneration"
+    name = "Lumina-mGPT"
+    negative_prompts = False  # the unconditional stream is the image start and size tokens alone
+    load_options = ("vqgan", "grid")
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, vqgan=None,
                  grid=None):
-        super().__init__(model)
+        super().__init__(model, tokenizer, folder)
         cfg = model.config
-        self.folder = folder
-        self.tokenizer = tokenizer
         self.hidden_size = int(cfg.hidden_size)
         vm = model.model.vocabulary_mapping
         bpe2img = vm.bpe2img
@@ -116,38 +89,21 @@ class LuminaModel(GridModel):
         self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), cfg.bos_token_id)
         self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
-        if grid is not None:
-            self.default_grid = (int(grid[0]), int(grid[1]))
-        else:
-            side = UPSTREAM_SIDE
-            while side > 2 and self._length((side, side)) > self.max_positions - 256:
-                side -= 2
-            self.default_grid = (side, side)
+        self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else \
+            self.largest_square(UPSTREAM_SIDE, step=2, smallest=2)  # even sides: size tokens count 2 cells
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
         self._vqgan_path = find_vqgan(str(folder) if folder else None, vqgan if isinstance(vqgan, str) else None)
         self._vqgan = vqgan if isinstance(vqgan, VQGANDecoder) else None
 
-    # ---- loading ---------------------------------------------------------------------------------------------
+    # ---- loading --------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, folder, dtype=None, device="cpu", download=None, vqgan=None, grid=None, **kwargs):
-        from transformers import ChameleonForConditionalGeneration
-
-        folder = hub.ensure_folder(folder, cls.family, download)
+    def load(cls, folder, dtype=None, device="cpu", download=None, vqgan=None, **kwargs):
+        """`vqgan`: a VQGANDecoder or the path of its safetensors file (default: vqgan.safetensors in the folder)."""
         if vqgan is not None and not isinstance(vqgan, VQGANDecoder) and not Path(vqgan).is_file():
             raise SSDError(f"VQGAN file {vqgan} does not exist; convert Meta's vqgan.ckpt with `python -m "
                            "ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <model folder>/vqgan.safetensors`")
-        model = hub.load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, **kwargs)
-        return cls(model, hub.load_tokenizer(folder), Path(folder), str(vqgan) if isinstance(vqgan, Path) else vqgan,
-                   grid)
-
-    @classmethod
-    def random_init(cls, shapes="Lumina-mGPT-7B", device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None,
-                    vqgan=None):
-        """A random-weight model of the released shapes, no files and no tokenizer (prompts as token ids)."""
-        from transformers import ChameleonForConditionalGeneration
-
-        model = hub.build_random(ChameleonForConditionalGeneration, random_config(shapes), device, dtype, seed)
-        return cls(model, None, None, vqgan, grid)
+        return super().load(folder, dtype, device, download, vqgan=str(vqgan) if isinstance(vqgan, Path) else vqgan,
+                            **kwargs)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):
@@ -156,13 +112,7 @@ class LuminaModel(GridModel):
     def final_norm(self):
         return self.model.model.norm
 
-    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
-
-    def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.image_ids.to(codes.device)[codes]
-
-    def _length(self, grid) -> int:
+    def sequence_length(self, grid) -> int:
         H, W = grid
         return H * (W + 1) + 1
 
@@ -175,9 +125,9 @@ class LuminaModel(GridModel):
         if not size_ok:
             raise SSDError(f"Lumina-mGPT has no size token for a {H}x{W} grid ({size_token_name(max(H, W))} is "
                            "not in its vocabulary)")
-        limit = self.max_positions - 256
-        if self._length((H, W)) > limit:
-            raise SSDError(f"Lumina-mGPT cannot make a {H}x{W} token grid: it needs {self._length((H, W))} "
+        limit = self.max_positions - PROMPT_ALLOWANCE
+        if self.sequence_length((H, W)) > limit:
+            raise SSDError(f"Lumina-mGPT cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} "
                            f"positions and {limit} are free after the prompt")
         return (H, W)
 
@@ -217,18 +167,13 @@ class LuminaModel(GridModel):
         given = hub.token_id_list(prompt)
         if given is not None:  # already tokenized prompt text (e.g. a benchmark without a tokenizer)
             ids = given + [self.turn_end_id]
-        elif not isinstance(prompt, str):
-            raise SSDError(f"a Lumina-mGPT prompt is text (or a list of token ids), got {type(prompt).__name__}")
-        elif self.tokenizer is None:
-            raise SSDError(f"the Lumina-mGPT model folder {self.folder} has no tokenizer (tokenizer.json / "
-                           "tokenizer_config.json): copy them from the model's repo")
         else:
             # as Lumina-mGPT's item processor: [BOS] + encode(conversation, add_special_tokens=False), the turn
             # ending in its separator token
-            text = self.prompt_text(prompt, grid)
-            ids = list(self.tokenizer(text + TURN_END, add_special_tokens=False)["input_ids"])
+            text = self.prompt_text(self.check_text(prompt), grid)
+            ids = self.token_ids(text + TURN_END)
             if not ids or ids[-1] != self.turn_end_id:
-                ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.turn_end_id]
+                ids = self.token_ids(text) + [self.turn_end_id]
         text_ids = ([bos] if bos is not None else []) + ids
         prefix = self.image_prefix_ids(grid)
         rows = [text_ids + prefix]

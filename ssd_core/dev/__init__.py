@@ -1,0 +1,1 @@
+"""Development tools, never imported at run time: random-weight models of the real families' shapes."""

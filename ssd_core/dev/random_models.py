@@ -1,0 +1,158 @@
+"""Random-weight models of the released families' shapes: no files, no tokenizer (prompts as token ids).
+
+For timing one step of a full-size architecture without its weights (the step-cost benchmark) and for the
+tests (the same builders at tiny shapes). Never imported by the runtime.
+
+    random_model("janus", "Janus-Pro-7B", device="cuda")        # a JanusModel of random weights
+    random_model("lumina", TINY_SHAPES_DICT, grid=(4, 4))        # any shapes given as a dict
+    count_parameters("emu3", "Emu3-Gen")                          # on the meta device, nothing allocated
+"""
+from __future__ import annotations
+
+import torch
+
+from ..families.emu3 import IMAGE_END as EMU3_IMAGE_END
+from ..families.emu3 import IMAGE_START as EMU3_IMAGE_START
+from ..families.emu3 import IMAGE_WRAPPER
+from ..families.lumina import IMAGE_END as LUMINA_IMAGE_END
+from ..families.lumina import IMAGE_START as LUMINA_IMAGE_START
+
+JANUS_BOS_ID, JANUS_PAD_ID, JANUS_BOI_ID = 100000, 100002, 100016  # Janus-Pro's ids
+
+# language-model / generation shapes of the released models (the parts generation does not use, such as
+# Janus' vision encoder, are kept tiny)
+SHAPES = {
+    "janus": {
+        "Janus-Pro-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 30,
+                         "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 102400,
+                         "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
+        "Janus-Pro-1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                         "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
+                         "max_position_embeddings": 16384, "codes": 16384, "image_size": 384, "patch_size": 16},
+    },
+    "emu3": {
+        "Emu3-Gen": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 184622,
+                     "max_position_embeddings": 9216, "codes": 32768, "vq_base_channels": 256,
+                     "vq_channel_multiplier": [1, 2, 2, 4]},
+    },
+    "lumina": {
+        "Lumina-mGPT-7B": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                           "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 65536,
+                           "max_position_embeddings": 10240, "codes": 8192},
+    },
+}
+
+
+def _shapes(family: str, shapes) -> dict:
+    if isinstance(shapes, str):
+        if shapes not in SHAPES[family]:
+            raise KeyError(f"no {family} shapes named {shapes!r}; known: {', '.join(SHAPES[family])}")
+        return dict(SHAPES[family][shapes])
+    return dict(shapes)
+
+
+def emu3_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
+    """A vocabulary map laid out as Emu3's: visual tokens last, the special tokens just below them, and the
+    characters the image prefix needs."""
+    first_visual = vocab_size - codes
+    specials = ["<|extra_200|>", "<|extra_201|>", "<|endoftext|>", "<|extra_203|>", "<|extra_204|>",
+                EMU3_IMAGE_START, EMU3_IMAGE_END, IMAGE_WRAPPER]
+    vocab = {name: first_visual - len(specials) + i for i, name in enumerate(specials)}
+    vocab.update({c: i for i, c in enumerate("0123456789*")})
+    vocab.update({f"<|visual token {i:06d}|>": first_visual + i for i in range(codes)})
+    return vocab
+
+
+def lumina_vocabulary(vocab_size: int, codes: int) -> dict[str, int]:
+    """A vocabulary map laid out as Chameleon's: <s> <pad> </s>, image tokens from id 4 in code order, then
+    <eoss>, <racm3:break> and the reserved tokens at their real ids (<reservedNNNNN> = NNNNN + 4)."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2}
+    digits = {str(i): chr(ord("A") + i) for i in range(10)}
+    vocab.update({"IMGIMG" + "".join(digits[c] for c in str(i)) + "Z": 4 + i for i in range(codes)})
+    vocab.update({LUMINA_IMAGE_END: 4 + codes, LUMINA_IMAGE_START: 5 + codes})
+    for n in range(6 + codes, vocab_size):
+        if n - 4 >= 0 and n - 4 >= 8700 and n - 4 < 8900:
+            vocab[f"<reserved{n - 4:05d}>"] = n
+    return vocab
+
+
+def random_config(family: str, shapes):
+    """The transformers config of `family` at `shapes` (a name in SHAPES[family] or a dict of them)."""
+    sh = _shapes(family, shapes)
+    if family == "janus":
+        from transformers import JanusConfig
+
+        codes, image_size, patch = sh.pop("codes"), sh.pop("image_size"), sh.pop("patch_size")
+        d = sh["hidden_size"]
+        n = image_size // patch
+        return JanusConfig(
+            text_config=dict(model_type="llama", bos_token_id=JANUS_BOS_ID % sh["vocab_size"],
+                             pad_token_id=JANUS_PAD_ID % sh["vocab_size"], **sh),
+            vision_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
+                               patch_size=patch, projection_dim=d, num_image_tokens=n * n, depth=1),
+            vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d),
+            tie_word_embeddings=False)
+    if family == "emu3":
+        from transformers import Emu3Config
+
+        codes, base, mult = sh.pop("codes"), sh.pop("vq_base_channels"), sh.pop("vq_channel_multiplier")
+        vocab = emu3_vocabulary(sh["vocab_size"], codes)
+        return Emu3Config(
+            text_config=dict(bos_token_id=vocab["<|extra_203|>"], eos_token_id=vocab["<|extra_204|>"],
+                             pad_token_id=vocab["<|endoftext|>"], attention_dropout=0.0, **sh),
+            vq_config=dict(codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=base,
+                           channel_multiplier=mult, num_res_blocks=1, attn_resolutions=[],
+                           hidden_size=base * mult[-1], num_attention_heads=1),
+            vocabulary_map=vocab)
+    if family == "lumina":
+        from transformers import ChameleonConfig
+
+        codes = sh.pop("codes")
+        return ChameleonConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2,
+                               vocabulary_map=lumina_vocabulary(sh["vocab_size"], codes),
+                               vq_config=dict(num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
+                                              num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
+    raise KeyError(f"no random shapes for family {family!r}; known: {', '.join(SHAPES)}")
+
+
+def _model_class(family: str):
+    from ..families import family_class
+    import transformers
+
+    return getattr(transformers, family_class(family).transformers_class)
+
+
+def build_random(model_cls, config, device="cpu", dtype=torch.bfloat16, seed: int = 0):
+    """A random-init transformers model of `config`, built directly on `device`. Built in float32, then cast."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config)
+    return model.to(dtype=dtype).eval()
+
+
+def random_model(family: str, shapes, device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None, vqgan=None):
+    """A GridModel of `family` with random weights of `shapes`; `grid` (emu3, lumina) and `vqgan` (lumina) as
+    the family's load options."""
+    from ..families import family_class
+
+    config = random_config(family, shapes)
+    model = build_random(_model_class(family), config, device, dtype, seed)
+    cls = family_class(family)
+    if family == "janus":
+        from transformers import GenerationConfig
+
+        v = config.text_config.vocab_size
+        model.generation_config = GenerationConfig(bos_token_id=JANUS_BOS_ID % v, pad_token_id=JANUS_PAD_ID % v,
+                                                   generation_kwargs={"boi_token_id": JANUS_BOI_ID % v})
+        return cls(model)
+    if family == "emu3":
+        return cls(model, None, None, grid=grid)
+    return cls(model, None, None, vqgan=vqgan, grid=grid)
+
+
+def count_parameters(family: str, shapes) -> int:
+    """Parameters of `family`'s model at `shapes`, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = _model_class(family)(random_config(family, shapes))
+    return sum(p.numel() for p in model.parameters())

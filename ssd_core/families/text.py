@@ -1,0 +1,69 @@
+"""What the three text-to-image families (janus, emu3, lumina) share: a Hub repo in transformers format read
+by one transformers class, the folder's own tokenizer, prompts as text or as token ids, and image codes that
+are listed rows of the vocabulary head (Janus overrides this: it has a generation head)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import hub
+from ..errors import SSDError
+from .base import GridModel, head_rows_logits
+
+PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
+
+
+class TextGridModel(GridModel):
+    text_prompts = True
+    training_prompts = list(hub.TRAINING_PROMPTS)
+    name = "text model"  # how messages call it
+    transformers_class = ""  # the transformers class that reads the folder
+    load_options: tuple[str, ...] = ()  # load() keyword arguments that go to the adapter, not to transformers
+    image_ids: torch.Tensor  # [V_img] the vocabulary id of each image code
+    max_positions: int  # the positions the model has (grids must fit after the prompt)
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None):
+        super().__init__(model)
+        self.folder = folder
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs):
+        import transformers
+
+        options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
+        folder = cls.ensure_folder(folder, download)
+        model = hub.load_pretrained(getattr(transformers, cls.transformers_class), folder, dtype, device, **kwargs)
+        return cls(model, hub.load_tokenizer(folder), Path(folder), **options)
+
+    # ---- the contract: image codes are rows `image_ids` of lm_head ------------------------------------------
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
+
+    def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.image_ids.to(codes.device)[codes]
+
+    def sequence_length(self, grid) -> int:
+        """Positions a grid takes after the prompt (image tokens and the forced ones)."""
+        raise NotImplementedError
+
+    def largest_square(self, side: int, step: int = 1, smallest: int = 1) -> tuple[int, int]:
+        """The upstream side x side grid, or the largest square (side down by `step`) that fits the positions."""
+        while side > smallest and self.sequence_length((side, side)) > self.max_positions - PROMPT_ALLOWANCE:
+            side -= step
+        return (side, side)
+
+    # ---- prompts ---------------------------------------------------------------------------------------------
+    def check_text(self, prompt) -> str:
+        """The prompt as text, with one clear error when it is not text or the folder has no tokenizer."""
+        if not isinstance(prompt, str):
+            raise SSDError(f"{self.name} prompts are text (or a list of token ids), got {type(prompt).__name__}")
+        if self.tokenizer is None:
+            raise SSDError(f"the {self.name} model folder {self.folder} has no tokenizer (tokenizer.json / "
+                           "tokenizer_config.json): copy them from the model's repo")
+        return prompt
+
+    def token_ids(self, text: str) -> list[int]:
+        """Formatted prompt text -> ids by the folder's tokenizer (the family adds its special tokens)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

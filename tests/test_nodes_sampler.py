@@ -1,0 +1,197 @@
+"""The sampler and loader nodes with the bundled model and the tiny real families: outputs, errors, progress,
+previews, live events and cancel (through stand-ins for ComfyUI's modules)."""
+import json
+
+import pytest
+import torch
+
+from conftest import SMALL, load_pack, pack_module, run
+
+nodes = load_pack()
+core = pack_module("ssd_core")
+comfy_glue = pack_module("nodes._comfy")
+sampler_mod = pack_module("nodes.sampler")
+
+
+# ---- the bundled model through the nodes ----------------------------------------------------------------------
+def test_loaders(ref):
+    assert isinstance(ref, nodes.SSDModel)
+    assert ref.model.family == "llama-grid" and ref.heads is not None
+    (bare,) = nodes.SSDLoadHeads().load(ref, "none")
+    assert bare.heads is None and ref.heads is not None, "the cached input must not change"
+    with pytest.raises(core.SSDError, match="Load AR Image Model"):
+        nodes.SSDLoadHeads().load("not a model", "reference")
+
+
+def test_sampler_ar_and_ssd(ref):
+    H, W = ref.model.default_grid
+    ar = run(ref, decoder="ar")
+    ssd = run(ref, decoder="ssd")
+    for out in (ar, ssd):
+        image, trace, stats = out["result"]
+        assert image.dtype == torch.float32 and image.dim() == 4 and image.shape[0] == 1 and image.shape[3] == 3
+        assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
+        assert trace["grid"] == [H, W] and len(trace["status"]) == H
+        small = out["ui"]["ssd_trace"][0]
+        assert len(small["status"]) == H * W and small["done"] is True
+        assert len(small["step"]) == H * W and len(small["round"]) == H * W
+        json.dumps(out["ui"], allow_nan=False)  # browsers refuse Infinity / NaN
+        assert f"{H}x{W}" in stats and "steps" in stats and "seed 7" in stats
+    assert ar["result"][1]["steps"] in (H * W - 1, H * W)  # the prefill may write the first token
+    assert ssd["result"][1]["steps"] < ar["result"][1]["steps"]
+    assert ssd["result"][1]["counts"].get("accepted", 0) > 0
+    assert set(ar["ui"]["ssd_trace"][0]["status"]) == {"1"}
+
+
+def test_sampler_exact_matches_ar_and_seed_matters(ref):
+    ar = run(ref, decoder="ar", seed=11, grid=SMALL)
+    exact = run(ref, decoder="ssd-exact", seed=11, draft_rows=2, grid=SMALL)
+    assert exact["result"][1]["tokens"] == ar["result"][1]["tokens"]
+    assert torch.equal(exact["result"][0], ar["result"][0])
+    other = run(ref, decoder="ar", seed=12, grid=SMALL)
+    assert other["result"][1]["tokens"] != ar["result"][1]["tokens"]
+
+
+@pytest.mark.parametrize("decoder", ["sjd", "zipar"])
+def test_sampler_peers_without_heads(ref_model, decoder):
+    out = run(ref_model, decoder=decoder, grid=SMALL)
+    assert out["result"][1]["decoder"] == decoder
+
+
+def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
+    ref = ref_model
+    seen = []
+    real = core.generate
+
+    def spy(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
+    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
+    run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
+    a, b = seen
+    assert a["prompt"] == 1 and b["prompt"] == 1
+    assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"]) == (None, None, None, None)
+    assert a["grid"] == b["grid"] == (12, 12)
+    assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"]) == (2.5, 0.0, 5, 0.9)
+    assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
+    assert callable(a["on_step"]) and callable(a["should_cancel"])
+    big = run(ref, decoder="ar", grid="4x4", seed=0xFFFFFFFFFFFFFFFF)  # the widget's largest seed
+    assert big["result"][1]["seed"] == 0xFFFFFFFFFFFFFFFF
+
+
+def test_sampler_grid_option(ref_model):
+    small = run(ref_model, decoder="zipar", grid="8x8")
+    wide = run(ref_model, decoder="zipar", grid="8x12")
+    assert small["result"][1]["grid"] == [8, 8] and wide["result"][1]["grid"] == [8, 12]
+    assert small["result"][0].shape[1] == wide["result"][0].shape[1]
+    assert small["result"][0].shape[2] * 12 == wide["result"][0].shape[2] * 8
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(prompt="unicorn-class-that-does-not-exist"), "not a class"),
+    (dict(prompt="999"), "out of range"),
+    (dict(negative_prompt="blurry"), "no negative prompt"),
+    (dict(decoder="beam"), "unknown decoder"),
+    (dict(grid="huge"), "grid"),
+    (dict(grid="4096x4096"), "grid"),
+])
+def test_sampler_errors_say_what_to_do(ref_model, kw, match):
+    with pytest.raises(ValueError, match=match):
+        run(ref_model, **{"decoder": "ar", **kw})
+
+
+def test_sampler_needs_heads_for_ssd(ref_model):
+    (bare,) = nodes.SSDLoadHeads().load(ref_model, "none")
+    for decoder in ("ssd", "ssd-exact"):
+        with pytest.raises(core.SSDError, match="Load SSD Heads"):
+            run(bare, decoder=decoder)
+    with pytest.raises(core.SSDError, match="Load AR Image Model"):
+        run("nothing")
+
+
+def test_bad_heads_file_is_refused(ref_model, tmp_path, monkeypatch):
+    ref = ref_model
+    (tmp_path / "broken.safetensors").write_bytes(b"this is not a safetensors file" * 10)
+    monkeypatch.setenv("SSD_HEADS_DIR", str(tmp_path))
+    with pytest.raises(ValueError):
+        nodes.SSDLoadHeads().load(ref, "broken.safetensors")
+    assert run(ref, decoder="ar", grid=SMALL)["result"][1]["steps"] > 0  # nothing else broke
+
+
+def test_heads_of_another_model_are_refused(ref, tmp_path, monkeypatch):
+    make_llama_grid = pytest.importorskip("tiny", reason="tests/tiny.py (the engine's tiny-model builders) is absent").make_llama_grid
+
+    folder = make_llama_grid(tmp_path / "models" / "tiny", grid=(4, 5))
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path / "models"))
+    (tiny,) = nodes.SSDLoadModel().load("tiny", "float32", "cpu")
+    assert tiny.model.family == "llama-grid" and tiny.name == "tiny"
+    with pytest.raises(core.SSDError):
+        nodes.SSDLoadHeads().load(tiny, "reference")
+    out = run(nodes.SSDLoadHeads().load(tiny, "none")[0], prompt="class1", decoder="ar")
+    assert out["result"][1]["grid"] == [4, 5]
+    # no pixel decoder in this model: the IMAGE is the token grid, and the stats say so
+    assert out["result"][0].shape == (1, 4 * 102, 5 * 102, 3) and "no pixel decoder" in out["result"][2]
+    assert folder.is_dir()
+
+
+def test_progress_previews_and_live_events(ref_model, fake_comfy, monkeypatch):
+    ref = ref_model
+    monkeypatch.setattr(sampler_mod, "PREVIEW_INTERVAL_S", 0.0)
+    H, W = 12, 12
+    out = run(ref, decoder="zipar", unique_id="12", grid=SMALL)
+    values = [v for v, _ in fake_comfy.progress]
+    assert values == sorted(values) and values[-1] == H * W
+    assert all(t == H * W for _, t in fake_comfy.progress)
+    assert fake_comfy.previews, "no preview image"
+    kind, img, size = fake_comfy.previews[-1]
+    assert kind == "JPEG" and size == 512
+    final_img = out["result"][0]
+    assert img.size == (final_img.shape[2], final_img.shape[1])
+    grid_events = [d for e, d, sid in fake_comfy.events if e == "ssd.grid"]
+    assert all(sid == "client-1" for _, _, sid in fake_comfy.events)
+    assert len(grid_events) >= 2 and all(d["node"] == "12" for d in grid_events)
+    assert grid_events[0]["done"] is False and len(grid_events[0]["status"]) == H * W
+    assert grid_events[-1]["done"] is True and grid_events[-1] == {**out["ui"]["ssd_trace"][0], "node": "12"}
+
+
+def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref_model, fake_comfy):
+    ref = ref_model
+    fake_comfy.interrupt_after = 3
+    with pytest.raises(fake_comfy.InterruptProcessingException):
+        run(ref, decoder="ar")
+    fake_comfy.interrupt_after = None
+    assert run(ref, decoder="ar", grid=SMALL)["result"][1]["steps"] > 0
+
+
+def test_cancel_outside_comfyui(ref_model, monkeypatch):
+    ref = ref_model
+    monkeypatch.setattr(comfy_glue, "processing_interrupted", lambda: True)
+    with pytest.raises(InterruptedError):
+        run(ref, decoder="ar")
+
+
+
+# ---- the real families (tiny random models built like the real ones) ----------------------------------------------
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina"])
+def test_text_families_through_the_nodes(family, tmp_path, monkeypatch):
+    tf = pytest.importorskip("tiny_families", reason="tests/tiny_families.py (the engine's builders) is absent")
+
+    folder = tmp_path / "ssd_models" / f"tiny-{family}"
+    {"janus": tf.build_janus, "emu3": tf.build_emu3, "lumina": tf.build_lumina}[family](folder)
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path / "ssd_models"))
+    assert f"tiny-{family}" in nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][0]
+    (m,) = nodes.SSDLoadModel().load(f"tiny-{family}", "float32", "cpu")
+    assert m.model.family == family and m.model.text_prompts and m.model.class_names is None
+    negative = "blurry" if m.model.negative_prompts else ""
+    # zipar: no heads needed and few steps (these tiny models are slow enough on a busy CPU)
+    out = run(m, prompt="a red fox in the snow", negative_prompt=negative, decoder="zipar", seed=3)
+    image, trace, stats = out["result"]
+    H, W = trace["grid"]
+    assert trace["decoder"] == "zipar" and f"{H}x{W}" in stats
+    assert image.shape[0] == 1 and image.shape[3] == 3 and image.dtype == torch.float32
+    assert len(out["ui"]["ssd_trace"][0]["status"]) == H * W
+    if not m.model.negative_prompts:
+        with pytest.raises(core.SSDError, match="no negative prompt"):
+            run(m, prompt="a fox", negative_prompt="blurry", decoder="zipar")
