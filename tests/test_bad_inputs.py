@@ -388,6 +388,7 @@ def _bad_pickle(root):
 
 CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
     ("device bogus", "generate --model {model} --device bogus", ["unknown device 'bogus'"]),
+    ("device cuda", "generate --model {model} --device cuda", ["torch sees no CUDA GPU", "use device cpu"]),
     ("device cuda:7", "generate --model {model} --device cuda:7", ["cuda:7"]),
     ("top_p 0", "generate --model {model} --top-p 0", ["top_p must be in (0, 1]"]),
     ("cfg negative", "generate --model {model} --cfg -2", ["cfg must be a number >= 0"]),
@@ -436,8 +437,8 @@ def no_sampling(monkeypatch):
 
 @pytest.mark.parametrize("case, argv, words", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_cli_errors(base, tmp_path, capsys, no_sampling, case, argv, words):
-    if case == "device cuda:7" and torch.cuda.device_count() > 7:
-        pytest.skip("this machine has a cuda:7")
+    if (case == "device cuda:7" and torch.cuda.device_count() > 7) or (case == "device cuda" and torch.cuda.is_available()):
+        pytest.skip("this machine has that GPU")
     fill = dict(model=base["folder"], heads=base["heads_path"], tmp=tmp_path, vqckpt=_bad_pickle(tmp_path))
     try:
         code = cli.main([a.format(**fill) for a in argv.split()])
