@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ class SamplerSettings:
     def __post_init__(self):
         for name in ("cfg", "temperature", "top_k", "top_p"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise SSDError(f"{name} must be a number, got {str(value)[:40]!r}")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise SSDError(f"cfg must be a number >= 0 (1 = no guidance), got {self.cfg}")
