@@ -105,6 +105,17 @@ def _small_vq(folder, root):
     save_tiny_vq(folder / "vq.safetensors", codes=8)
 
 
+def _huge_vq_config(folder, root):
+    """Small tensors under a config that would build a huge network: refused from the shapes alone."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(folder / "vq.safetensors"), "pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    meta["config"] = json.dumps(dict(TINY_VQ, channels=[51_200, 102_400]))
+    save_file(tensors, str(folder / "vq.safetensors"), metadata=meta)
+
+
 FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("no config.json", _delete("config.json"), ["no config.json", "transformers model folder"]),
     ("config.json not JSON", _write("config.json", "{oops"), ["config.json is not valid JSON", "re-download"]),
@@ -146,6 +157,7 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("vq_decoder garbage", _write("vq.safetensors", b"not a safetensors file at all"),
      ["not a readable reference VQ file", "re-download"]),
     ("vq_decoder of the wrong size", _small_vq, ["has 8 codes", "image_vocab_size is 16"]),
+    ("vq_decoder config huge, tensors small", _huge_vq_config, ["VQ weights do not match its config"]),
 ]
 
 

@@ -131,7 +131,8 @@ def load_vq_decoder(folder: Path | None, spec: dict):
     codes = int(vq.config.get("codebook_size", 0))
     if codes < spec["image_vocab_size"]:
         raise SSDError(f"the vq_decoder {path.name} in {folder} has {codes} codes but ssd_model.json's "
-                       f"image_vocab_size is {spec['image_vocab_size']}: they must match")
+                       f"image_vocab_size is {spec['image_vocab_size']} (one code per image token): use the VQ "
+                       "decoder the model was trained with")
     return vq
 
 
