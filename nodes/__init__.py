@@ -6,6 +6,7 @@ from .sampler import SSDSampler
 from .trace import SSDTraceToImage
 
 _comfy.register_folders()
+_comfy.register_routes()
 
 NODE_CLASS_MAPPINGS = {
     "SSDLoadModel": SSDLoadModel,

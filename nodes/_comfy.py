@@ -7,6 +7,7 @@ Outside ComfyUI the model folders come from the environment variables ``SSD_MODE
 
 import os
 import time
+import weakref
 
 MODELS_KEY = "ssd_models"
 HEADS_KEY = "ssd_heads"
@@ -192,6 +193,17 @@ def make_room(nbytes, device):
     return True
 
 
+def free_vram(device):
+    """Free bytes on a GPU as ComfyUI counts them (torch's figure outside ComfyUI)."""
+    import torch
+
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return torch.cuda.mem_get_info(device)[0] if torch.device(device).type == "cuda" else None
+    return int(mm.get_free_memory(device))
+
+
 def soft_empty_cache():
     try:
         import comfy.model_management as mm
@@ -244,3 +256,84 @@ class Progress:
         payload["node"] = None if self.node_id is None else str(self.node_id)
         self.server.send_sync(event, payload, getattr(self.server, "client_id", None))
         return True
+
+
+# ---- ComfyUI's model management ---------------------------------------------------------------------------
+_HELD = weakref.WeakSet()  # every engine model the loader made that is still alive (for GET /ssd/models)
+
+
+def _holder_class():
+    import torch
+
+    class SSDWeights(torch.nn.Module):
+        """The AR model's transformers module as ComfyUI's ModelPatcher sees it: one module with a plain
+        ``device`` attribute (ModelPatcher writes it; a transformers model's ``device`` is read-only)."""
+
+        def __init__(self, module, device):
+            super().__init__()
+            self.inner = module
+            self.device = device
+
+    return SSDWeights
+
+
+def manage(model, device):
+    """Hand an engine model to ComfyUI's model management: a ModelPatcher loaded with ``load_models_gpu``,
+    so that ComfyUI unloads it when another model needs the memory and on "Unload models" / POST /free.
+    None outside ComfyUI, and for a quantized or device-mapped model (its weights cannot be moved)."""
+    _HELD.add(model)
+    try:
+        import comfy.model_management as mm
+        import comfy.model_patcher as mp
+    except ImportError:
+        return None
+    from ..ssd_core.memory import is_placed
+
+    if is_placed(model.model):
+        return None
+    holder = _holder_class()(model.model, device)
+    patcher = mp.ModelPatcher(holder, load_device=device, offload_device=mm.unet_offload_device(),
+                              size=mm.module_size(model.model))
+    load_to_device(patcher)
+    return patcher
+
+
+def load_to_device(patcher):
+    """(Re)load a managed model onto its device, whole (ComfyUI's partial loading would split a transformers
+    model across devices without moving its inputs); ComfyUI first frees memory from other models."""
+    if patcher is None:
+        return
+    import comfy.model_management as mm
+
+    mm.load_models_gpu([patcher], force_full_load=True)
+
+
+def held_models():
+    """What the pack holds now: each live engine model, its device, and whether ComfyUI has it loaded."""
+    import gc
+
+    gc.collect()
+    try:
+        import comfy.model_management as mm
+
+        loaded = {id(m.model.model.inner) for m in mm.current_loaded_models
+                  if m.model is not None and hasattr(m.model.model, "inner")}
+    except ImportError:
+        loaded = set()
+    return [{"family": getattr(m, "family", "?"), "device": str(m.device), "loaded_in_comfyui": id(m.model) in loaded}
+            for m in list(_HELD)]
+
+
+def register_routes():
+    """GET /ssd/models: held_models() as JSON (what the pack keeps in memory)."""
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return
+    if getattr(PromptServer, "instance", None) is None:
+        return
+
+    @PromptServer.instance.routes.get("/ssd/models")
+    async def _held(request):
+        return web.json_response({"models": held_models()})

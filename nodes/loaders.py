@@ -1,6 +1,8 @@
 """Load AR Image Model (SSD) and Load SSD Heads: ComfyUI inputs -> ssd_core.load_model / load_heads."""
 
 from .. import ssd_core
+from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
+from ..ssd_core.static_cache import MODES as COMPILE_MODES
 from . import _comfy
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
@@ -11,14 +13,15 @@ class SSDModel:
     """What travels on an SSD_MODEL link: the engine's model, its draft heads (or None) and the
     names the user picked (for messages). Nodes never modify one in place: ComfyUI caches outputs."""
 
-    def __init__(self, model, heads=None, name="reference", heads_name="none"):
+    def __init__(self, model, heads=None, name="reference", heads_name="none", patcher=None):
         self.model = model
         self.heads = heads
         self.name = name
         self.heads_name = heads_name
+        self.patcher = patcher  # ComfyUI's ModelPatcher of the model (None outside ComfyUI or when not movable)
 
     def with_heads(self, heads, heads_name):
-        return SSDModel(self.model, heads, self.name, heads_name)
+        return SSDModel(self.model, heads, self.name, heads_name, self.patcher)
 
     def __repr__(self):
         return (f"SSDModel({self.name!r}, family={getattr(self.model, 'family', '?')!r}, "
@@ -42,17 +45,36 @@ class SSDLoadModel:
                           "tooltip": "folders under models/ssd_models holding a config.json"}),
                 "dtype": (DTYPES, {"default": "auto", "tooltip": "auto = the model's own choice for the device"}),
                 "device": (DEVICES, {"default": "auto", "tooltip": "auto = ComfyUI's device"}),
-            }
+            },
+            "optional": {
+                "quantization": (list(QUANTIZATIONS), {"default": "none", "tooltip": "8-bit / 4-bit (NF4) "
+                                 "weights through bitsandbytes for 12-16 GB cards (the image head stays full "
+                                 "precision); needs pip install bitsandbytes"}),
+                "offload": (list(OFFLOADS), {"default": "none", "tooltip": "auto: layers that do not fit in the "
+                            "free VRAM wait on the CPU (accelerate; slower, CUDA only)"}),
+                "compile": (list(COMPILE_MODES), {"default": "off", "tooltip": (
+                    "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
+                    "GPU; the first image of each window size compiles, slow; then faster steps)")}),
+            },
         }
 
-    def load(self, model, dtype="auto", device="auto"):
+    def load(self, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
+        import torch
+
         if dtype not in DTYPES:
             raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
         dev = _comfy.torch_device(device)
         path = _comfy.resolve_model(model)
         _comfy.make_room(_comfy.weights_bytes(path), dev)
-        loaded = ssd_core.load_model(path, dtype=dtype, device=dev)
-        return (SSDModel(loaded, None, model, _comfy.NO_HEADS),)
+        try:
+            loaded = ssd_core.load_model(path, dtype=dtype, device=dev, quantization=quantization, offload=offload,
+                                         free_bytes=_comfy.free_vram(dev) if offload == "auto" else None,
+                                         compile=compile)
+            patcher = _comfy.manage(loaded, dev)
+        except torch.OutOfMemoryError:
+            _comfy.soft_empty_cache()
+            raise out_of_memory("loading the model") from None
+        return (SSDModel(loaded, None, model, _comfy.NO_HEADS, patcher),)
 
 
 class SSDLoadHeads:
@@ -70,14 +92,29 @@ class SSDLoadHeads:
             "required": {
                 "ssd_model": ("SSD_MODEL",),
                 "heads": (_comfy.heads_choices(), {"default": _comfy.BUNDLED}),
-            }
+            },
+            "optional": {
+                "hub_repo": ("STRING", {"default": "", "tooltip": "a Hugging Face repo id (owner/name) holding "
+                             "heads; when set it replaces the heads list. Kept in models/ssd_heads/<repo id>"}),
+                "hub_file": ("STRING", {"default": "heads.safetensors", "tooltip": "the heads file in that repo"}),
+                "download": ("BOOLEAN", {"default": False, "tooltip": "fetch the file from the Hub when it is not "
+                             "in models/ssd_heads yet (off: never touch the network)"}),
+            },
         }
 
-    def load(self, ssd_model, heads="reference"):
+    def load(self, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
         if not isinstance(ssd_model, SSDModel):
             raise ssd_core.SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)'.")
-        if heads == _comfy.NO_HEADS:
+        if hub_repo and hub_repo.strip():
+            folders = _comfy.folder_dirs(_comfy.HEADS_KEY)
+            if not folders:
+                raise ssd_core.SSDError("no ssd_heads folder is known to keep Hub heads in (ComfyUI's "
+                                        "models/ssd_heads, or SSD_HEADS_DIR outside ComfyUI)")
+            path = ssd_core.hub_file(hub_repo, hub_file, folders[0], download=bool(download))
+            heads = f"{hub_repo.strip()}/{hub_file.strip()}"
+        elif heads == _comfy.NO_HEADS:
             return (ssd_model.with_heads(None, heads),)
-        path = _comfy.resolve_heads(heads)
+        else:
+            path = _comfy.resolve_heads(heads)
         loaded = ssd_core.load_heads(path, ssd_model.model)
         return (ssd_model.with_heads(loaded, heads),)

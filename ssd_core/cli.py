@@ -6,8 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, spec
+from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
 from .errors import SSDError
+from .memory import OFFLOADS, QUANTIZATIONS
+from .static_cache import MODES
 from .trace import parse_grid, status_image
 
 
@@ -66,9 +68,11 @@ def validate(args) -> None:
         check_output(args.trace, "--trace", {".json"})
     elif args.command == "bench":
         _positive(args, "--images")
-        args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
-        for name in args.decoders:
-            spec(name)
+        _positive(args, "--batch", 0)
+        if args.decoders is not None:
+            args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+            for name in args.decoders:
+                spec(name)
         try:
             args.ssd_rounds = tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else ()
         except ValueError:
@@ -94,6 +98,13 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="reference", help="model folder, or 'reference' (the bundled model)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
+                   help="8-bit / 4-bit (NF4) weights through bitsandbytes; the image head stays full precision")
+    p.add_argument("--offload", default="none", choices=list(OFFLOADS),
+                   help="auto: the layers that do not fit in the GPU's free memory wait on the CPU (accelerate)")
+    p.add_argument("--compile", nargs="?", const="compiled", default="off", choices=MODES,
+                   help="static KV cache (static) and torch.compile of the verify forward (compiled, the value "
+                   "of a bare --compile; CUDA graphs on a GPU); default off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class", dest="prompt", default=None, help="class id or name (class-conditional models)")
     p.add_argument("--prompt", dest="prompt", help="text prompt (text-to-image models)")
@@ -112,7 +123,8 @@ def _load(args):
     from . import load_heads, load_model
     from .api import check_negative_prompt
 
-    model = load_model(args.model, args.dtype, args.device)
+    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
+                       compile=args.compile)
     check_negative_prompt(model, args.negative_prompt)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
@@ -177,12 +189,17 @@ def cmd_bench(args) -> int:
     from .bench import BenchOptions, run_bench
 
     model, heads = _load(args)
+    if args.decoders is None:  # every decoder that can run: without heads, those that need none
+        decoders = tuple(d for d in DECODERS if heads is not None or not needs_heads(d))
+    else:
+        decoders = args.decoders  # checked by validate()
     options = BenchOptions(
-        decoders=args.decoders, images=args.images,
+        decoders=decoders, images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
         verify_rounds=args.verify_rounds, window=args.window, grid=args.grid, ssd_rounds=args.ssd_rounds,
-        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
+        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
+        batch=args.batch)
     run_bench(model, heads, options)
     return 0
 
@@ -199,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
-    g.add_argument("--decoder", default="ssd", choices=list(DECODERS))
+    g.add_argument("--decoder", default="ssd-exact", choices=list(DECODERS),
+                   help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not")
     g.add_argument("--out", default=None, help="PNG to write")
     g.add_argument("--status-image", default=None, help="PNG of the token-status grid")
     g.add_argument("--trace", default=None, help="trace JSON to write")
@@ -220,12 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
-    b.add_argument("--decoders", default=",".join(DECODERS))
+    b.add_argument("--decoders", default=None, help="comma list (default: every decoder the heads allow); "
+                   "NAME:noheads runs a decoder without the loaded heads, e.g. ssd-exact,ssd-exact:noheads")
     b.add_argument("--images", type=int, default=4)
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
+    b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
+                   "vs one at a time, and identical_to_ar over both)")
     b.set_defaults(func=cmd_bench)
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")
     c.add_argument("src")

@@ -185,3 +185,43 @@ def token_id_list(prompt) -> list[int] | None:
             raise SSDError("a prompt given as token ids must be a list of non-negative integers")
         return [int(t) for t in prompt]
     return None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def hub_file(repo_id: str, filename: str, folder, download: bool = False) -> Path:
+    """One file of a Hub repo, kept at `folder`/<repo_id>/<filename>; fetched (huggingface_hub) only when
+    `download` is on: from the local Hugging Face cache when it holds the file, else from the Hub."""
+    repo_id, filename = str(repo_id).strip(), str(filename).strip()
+    if repo_id.count("/") != 1 or any(not part or part in (".", "..") for part in repo_id.split("/")):
+        raise SSDError(f"Hub repo id {repo_id!r} is not of the form owner/name")
+    if not filename.endswith(".safetensors") or ".." in Path(filename).parts or Path(filename).is_absolute():
+        raise SSDError(f"Hub file {filename!r} must be a .safetensors path inside the repo {repo_id}")
+    target = Path(folder) / repo_id
+    path = target / filename
+    if path.is_file():
+        return path
+    where = f"{filename} of {repo_id} into {target}"
+    if not download:
+        raise SSDError(f"{filename} of the Hub repo {repo_id} is not in {target}: turn download on to fetch it, "
+                       f"or copy it there yourself")
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:
+        raise SSDError(f"downloading needs the huggingface_hub package (pip install huggingface_hub); or copy "
+                       f"{filename} of {repo_id} into {target}") from None
+    cached = try_to_load_from_cache(repo_id, filename)  # a path when the local HF cache holds it (no network)
+    if isinstance(cached, str) and Path(cached).is_file():
+        import shutil
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cached, path)
+        return path
+    try:
+        return Path(hf_hub_download(repo_id, filename, local_dir=str(target), local_files_only=_offline()))
+    except Exception as err:  # offline, unknown repo or file, gated repo, network: one clear message
+        raise SSDError(f"could not download {where} ({type(err).__name__}: "
+                       f"{str(err).splitlines()[0] if str(err) else 'no details'}); without network access, "
+                       f"copy {filename} of {repo_id} into {target}") from None

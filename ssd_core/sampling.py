@@ -57,9 +57,10 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     logits [B, n, V] before guidance) and `source` ("model" or "heads") only shape the message when a logit
     is NaN or infinite.
     """
-    bad = ~torch.isfinite(logits).all(-1)
-    if bad.any():
-        raise SSDError(not_finite_message(bad, s, positions, raw, source))
+    if not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when something is wrong
+        bad = ~torch.isfinite(logits).all(-1)
+        if bad.any():  # (a sum of huge finite logits can overflow alone)
+            raise SSDError(not_finite_message(bad, s, positions, raw, source))
     if s.temperature < GREEDY_BELOW:
         out = torch.full_like(logits, NEG_INF)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
@@ -68,7 +69,7 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     else:
         x = logits / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
-        kth = x.topk(int(s.top_k), dim=-1).values[..., -1:]
+        kth = x.topk(int(s.top_k), dim=-1, sorted=False).values.amin(-1, keepdim=True)
         x = x.masked_fill(x < kth, NEG_INF)
     if s.top_p < 1.0:
         sorted_x, order = x.sort(-1, descending=True)
@@ -103,8 +104,12 @@ def seeded_generator(seed: int) -> torch.Generator:
 
 
 def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`)."""
-    return torch.multinomial(logp.float().exp().cpu(), 1, generator=generator).squeeze(-1)
+    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`).
+
+    Inverse CDF: the first code whose cumulative probability exceeds a uniform draw (one uniform a row)."""
+    cdf = logp.float().exp().cumsum(-1).cpu()  # [n, V]
+    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Generator) -> torch.Tensor:

@@ -324,14 +324,14 @@ GENERATE_CASES = [
 def test_generate_errors_before_sampling(base, monkeypatch, kw, words):
     import ssd_core.api as api
 
-    real = api.decode
-    monkeypatch.setattr(api, "decode", lambda *a, **k: pytest.fail("sampling started before the inputs were checked"))
+    real = api.decode_batch
+    monkeypatch.setattr(api, "decode_batch", lambda *a, **k: pytest.fail("sampling started before the inputs were checked"))
     with pytest.raises(SSDError) as err:
         works(base["model"], **kw)
     text = one_line(err)
     for w in words:
         assert w in text, text
-    monkeypatch.setattr(api, "decode", real)
+    monkeypatch.setattr(api, "decode_batch", real)
     works(base["model"])
 
 
@@ -407,7 +407,8 @@ CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
     ("seed not a number", "generate --model {model} --seed abc", ["--seed", "invalid int value"]),
     ("decoder unknown", "generate --model {model} --decoder medusa", ["--decoder", "invalid choice"]),
     ("grid unreadable", "generate --model {model} --grid big", ["grid 'big' is not understood"]),
-    ("draft rows 0", "generate --model {model} --draft-rows 0", ["--draft-rows must be a whole number from 1 to 8"]),
+    ("draft rows 9", "generate --model {model} --draft-rows 9", ["--draft-rows must be a whole number from 0 to 8"]),
+    ("bench batch negative", "bench --model {model} --heads {heads} --batch -1", ["--batch must be at least 0"]),
     ("out folder missing", "generate --model {model} --out {tmp}/no/such/x.png", ["folder", "does not exist", "create it"]),
     ("out extension", "generate --model {model} --out {tmp}/x.xyz", ["must end in one of", ".png"]),
     ("trace folder missing", "generate --model {model} --trace {tmp}/no/t.json", ["does not exist"]),
@@ -443,7 +444,7 @@ def no_sampling(monkeypatch):
     import ssd_core.train as train
 
     stop = lambda *a, **k: pytest.fail("sampling started before the command line was checked")  # noqa: E731
-    monkeypatch.setattr(api, "decode", stop)
+    monkeypatch.setattr(api, "decode_batch", stop)
     monkeypatch.setattr(train, "generate_grids", stop)
 
 

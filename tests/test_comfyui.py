@@ -197,7 +197,7 @@ def api_workflow(name="ssd_reference_ar_vs_ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
-def small_prompt(seed=7, grid="8x8", decoder="ssd", heads="reference", prompt="cat"):
+def small_prompt(seed=7, grid="8x8 (32x32 px, 1:1) reference", decoder="ssd", heads="reference", prompt="cat"):
     """Loader -> heads -> one sampler on a small grid (the sampler is an output node): a cheap run."""
     wf = api_workflow()
     small = {k: wf[k] for k in ("1", "2", "4")}
@@ -237,8 +237,9 @@ def test_object_info_lists_the_nodes(server):
     assert heads["ssd_model"] == ["SSD_MODEL"]
     s = info["SSDSampler"]
     req = s["input"]["required"]
-    assert list(req) == ["ssd_model", "prompt", "negative_prompt", "seed", "cfg", "temperature", "top_k", "top_p",
+    assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
+    assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size"]
     assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["seed"][1]["control_after_generate"] is True
     assert req["prompt"][0] == "STRING" and req["prompt"][1]["multiline"] is True
@@ -372,3 +373,27 @@ def test_free_models_then_run_again(server):
     pid, msgs = server.run(small_prompt(seed=4242))
     assert "execution_success" in types_of(msgs)
     assert any(m["type"] == "executed" and m["data"]["node"] == "4" for m in msgs)
+
+
+@pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))
+def test_comfyui_manages_the_model_and_free_releases_it(server):
+    """The loaded model is in ComfyUI's loaded-models list (a ModelPatcher); POST /free unloads it and drops
+    it (GET /ssd/models lists what the pack still holds); the next run loads it again."""
+    def held(want, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            models = server.get("/ssd/models").json()["models"]
+            if want(models) or time.time() > deadline:
+                return models
+            time.sleep(0.5)
+
+    pid, msgs = server.run(small_prompt(seed=31, decoder="ssd-exact", heads="none"))
+    assert "execution_success" in types_of(msgs)
+    models = held(lambda m: len(m) == 1)
+    assert len(models) == 1 and models[0]["loaded_in_comfyui"] and models[0]["family"] == "llama-grid"
+    assert server.post("/free", {"unload_models": True, "free_memory": True}).status_code == 200
+    assert held(lambda m: not m) == []
+    pid, msgs = server.run(small_prompt(seed=32, decoder="ssd-exact", heads="none"))
+    assert "execution_success" in types_of(msgs)
+    models = held(lambda m: len(m) == 1)
+    assert len(models) == 1 and models[0]["loaded_in_comfyui"]

@@ -75,7 +75,7 @@ def test_heads_round_trip(tiny):
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(cfg=-1.0), "cfg must be"),
-    (dict(draft_rows=0), "draft_rows must be"),
+    (dict(draft_rows=-1), "draft_rows must be"),
     (dict(draft_rows=99), "draft_rows must be"),
     (dict(verify_rounds=-1), "verify_rounds must be"),
     (dict(verify_rounds=50), "verify_rounds must be"),

@@ -36,13 +36,15 @@ def test_node_mappings_and_inputs():
         assert callable(getattr(cls, cls.FUNCTION))
         assert cls.CATEGORY == "sampling/SSD"
     req = m["SSDSampler"].INPUT_TYPES()["required"]
-    assert list(req) == ["ssd_model", "prompt", "negative_prompt", "seed", "cfg", "temperature", "top_k", "top_p",
+    assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
+    assert list(m["SSDSampler"].INPUT_TYPES()["optional"]) == ["negative_prompt"]
     assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
+    assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True
     # the negative prompt's tooltip names exactly the families that take one
     families = pack_module("ssd_core.families")
-    tip = req["negative_prompt"][1]["tooltip"]
+    tip = m["SSDSampler"].INPUT_TYPES()["optional"]["negative_prompt"][1]["tooltip"]
     for name in families.FAMILIES:
         assert (name in tip) == families.family_class(name).negative_prompts, name
     # the widgets' limits are the engine's: the largest value is accepted, one more is refused

@@ -32,7 +32,8 @@ class Param:
             raise SSDError(f"{name} must be a whole number {limit}, got {value}")
 
 
-DRAFT_ROWS = Param(1, 8, 1, "rows drafted and verified together (ssd, ssd-exact)")
+DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
+                            "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW}  # every decoder parameter
@@ -48,11 +49,16 @@ class DecoderSpec:
     def needs_heads(self) -> bool:
         return self.policy.needs_heads
 
+    @property
+    def uses_heads(self) -> bool:
+        return self.policy.uses_heads
+
 
 DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
-    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds")),
-    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",)),
+    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds"), {"draft_rows": 1}),
+    # 3 rows: fewest steps with and without heads on the bundled model (README, "Exact speed-up without heads")
+    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
 }
@@ -70,6 +76,11 @@ def needs_heads(name: str) -> bool:
     return spec(name).needs_heads
 
 
+def uses_heads(name: str) -> bool:
+    """The decoder drafts with heads when they are given (ssd, ssd-exact)."""
+    return spec(name).uses_heads
+
+
 def without_heads() -> str:
     """The decoders that run without heads, as words: 'ar, sjd or zipar'."""
     return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
@@ -82,5 +93,6 @@ def make_policy(name: str, draft_rows: int = DRAFT_ROWS.default, verify_rounds: 
     chosen = spec(name)
     for key, value in given.items():
         PARAMS[key].check(key, value)
+    given["draft_rows"] = draft_rows or None  # 0: the decoder's own default
     kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key) for key in chosen.params}
     return chosen.policy(**kwargs)

@@ -63,3 +63,23 @@ def rows_end(run: Run, first_slot: int, rows: int) -> int:
     H = run.layout.grid[0]
     last_row = min(H, first_slot // stride + rows)
     return run.L if last_row >= H else last_row * stride
+
+
+def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | None = None) -> None:
+    """Fill slots [run.end, target) without heads: a cell below the first row starts as a copy of the cell
+    above; a first-row cell as the Gumbel pick of `first_row_logp` [V] (the verifier's latest log p) with
+    its own slot's noise (nothing is drafted in the first row without it). Forced slots keep their ids."""
+    stride = run.layout.row_stride
+    s, target = run.end, min(target, run.L)
+    while s < target:
+        if run.is_image(s):
+            if s >= stride:
+                code = run.codes[s - stride:s - stride + 1].clone()
+            elif first_row_logp is not None:
+                code = run.gumbel_sample(first_row_logp[None], torch.tensor([s]))
+            else:
+                break
+            run.set_tokens(torch.tensor([s]), code)
+        s += 1
+    if s > run.end:
+        run.set_end(s)

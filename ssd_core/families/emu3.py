@@ -31,6 +31,18 @@ DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing finger
 UPSTREAM_SIDE = 90  # 720 px at f = 8
 RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
 
+def ratio_grids(default_grid) -> list[tuple[int, int]]:
+    """The default grid, then its area at each of RATIOS (width:height) as (rows, cols)."""
+    area = default_grid[0] * default_grid[1]
+    out = [tuple(default_grid)]
+    for rw, rh in RATIOS:
+        s = math.sqrt(area / (rw * rh))
+        g = (max(1, round(rh * s)), max(1, round(rw * s)))
+        if g not in out:
+            out.append(g)
+    return out
+
+
 class Emu3Model(TextGridModel):
     family = "emu3"
     repo_ids = ("BAAI/Emu3-Gen-hf",)
@@ -93,14 +105,8 @@ class Emu3Model(TextGridModel):
 
     def grid_options(self):
         """The default area at Emu3's processor's aspect ratios (its `calculate_generate_size`)."""
-        area = self.default_grid[0] * self.default_grid[1]
-        out = [tuple(self.default_grid)]
-        for rw, rh in RATIOS:
-            s = math.sqrt(area / (rw * rh))
-            g = (max(1, round(rh * s)), max(1, round(rw * s)))
-            if g not in out and self.sequence_length(g) <= self.max_positions - PROMPT_ALLOWANCE:
-                out.append(g)
-        return out
+        return [g for g in ratio_grids(self.default_grid)
+                if g == tuple(self.default_grid) or self.sequence_length(g) <= self.max_positions - PROMPT_ALLOWANCE]
 
     def layout(self, grid=None) -> Layout:
         return Layout.build(self.check_grid(grid), self.eol_id, (self.eof_id, self.eoi_id, self.eos_id))

@@ -1,0 +1,73 @@
+"""The weights' memory of the released models at each quantization, from meta-device inits of their configs
+(no download): `python -m ssd_core.dev.memory_table` prints the README's table."""
+from __future__ import annotations
+
+import torch
+
+from ..families import family_class
+from ..memory import KEEP_FULL, QUANTIZATIONS
+from .random_models import random_config
+
+
+def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int:
+    """Bytes of a model's weights at `quantization` (bf16 where a module is not quantized): int8 plus a
+    float32 scale per row (8-bit); NF4 plus double-quantized absmax per 64-block (4-bit)."""
+    skip = KEEP_FULL.get(family, ["lm_head"])
+    total = 0
+    quantized = set()
+    if quantization != "none":
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skip):
+                n = mod.weight.numel()
+                total += n + 4 * mod.out_features if quantization == "8-bit" else n // 2 + n // 64 + 4 * (n // 16384)
+                quantized.add(id(mod.weight))
+    total += sum(2 * p.numel() for p in model.parameters() if id(p) not in quantized)
+    return total
+
+
+# the released models: (family, SHAPES name); their vision / VQ parts at transformers' default (released) sizes
+RELEASED = {"Janus-Pro-1B": "janus", "Janus-Pro-7B": "janus", "Emu3-Gen": "emu3", "Lumina-mGPT-7B": "lumina"}
+
+
+def released_config(name: str):
+    """The full config of a released model: the family's language-model SHAPES with the vision encoder and
+    VQ model at transformers' defaults (which are the released ones)."""
+    family = RELEASED[name]
+    cfg = random_config(family, name)
+    if family == "janus":
+        from transformers import JanusConfig
+
+        d = cfg.text_config.hidden_size
+        cfg = JanusConfig(text_config=cfg.text_config.to_dict(), vision_config={"projection_dim": d},
+                          vq_config={"projection_dim": d, "image_token_embed_dim": d}, tie_word_embeddings=False)
+    elif family == "lumina":
+        from transformers import ChameleonConfig
+
+        kw = cfg.to_dict()
+        kw.pop("vq_config", None)
+        cfg = ChameleonConfig(**kw)
+    return cfg
+
+
+def released_counts(name: str) -> dict:
+    """Weights' GiB of a released model at each quantization, from a meta-device init of its config."""
+    family = RELEASED[name]
+    import transformers
+
+    with torch.device("meta"):
+        model = getattr(transformers, family_class(family).transformers_class)(released_config(name))
+    params = sum(p.numel() for p in model.parameters())
+    return {"params": params, **{q: weights_bytes(model, q, family) / 2**30 for q in QUANTIZATIONS}}
+
+
+def table() -> str:
+    lines = ["| model | parameters | bf16 | 8-bit | 4-bit (NF4) |", "|---|---:|---:|---:|---:|"]
+    for name in RELEASED:
+        c = released_counts(name)
+        lines.append(f"| {name} | {c['params'] / 1e9:.2f} B | {c['none']:.1f} GiB | {c['8-bit']:.1f} GiB | "
+                     f"{c['4-bit']:.1f} GiB |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())

@@ -1,0 +1,98 @@
+"""Loading for consumer GPUs: quantization (bitsandbytes) and offload (accelerate) choices reach
+from_pretrained, the modules the engine reads stay in full precision, and a choice that cannot work here is
+a clear SSDError. Where bitsandbytes runs (>= 0.50 runs on the CPU), ssd-exact still equals ar quantized."""
+import importlib.util
+
+import pytest
+import torch
+
+import ssd_core
+from ssd_core import memory
+from tiny import make_llama_grid
+from tiny_families import build_emu3, build_janus, build_lumina
+
+HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
+BUILDERS = {"janus": build_janus, "emu3": build_emu3, "lumina": build_lumina}
+
+
+@pytest.fixture(scope="module")
+def grid_folder(tmp_path_factory):
+    return make_llama_grid(tmp_path_factory.mktemp("q") / "model", grid=(4, 5), row_end=True)
+
+
+@pytest.mark.parametrize("quantization", ["8-bit", "4-bit"])
+@pytest.mark.parametrize("family", ["llama-grid", "janus", "emu3", "lumina"])
+def test_config_keeps_the_image_head_and_pixel_decoder_in_full_precision(family, quantization):
+    cfg = memory.bnb_config(quantization, family, torch.bfloat16)
+    assert cfg.load_in_8bit == (quantization == "8-bit") and cfg.load_in_4bit == (quantization == "4-bit")
+    if quantization == "4-bit":
+        assert cfg.bnb_4bit_quant_type == "nf4" and cfg.bnb_4bit_compute_dtype == torch.bfloat16
+    assert cfg.llm_int8_skip_modules == memory.KEEP_FULL[family]
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina"])
+def test_kept_module_names_exist_in_the_real_classes(family, tmp_path):
+    """Every kept name is a module of the family's transformers model, and the head the engine slices is
+    among the kept ones (a renamed module in a new transformers would otherwise be quantized)."""
+    model = ssd_core.load_model(BUILDERS[family](tmp_path / family), dtype="fp32")
+    names = {name for name, _ in model.model.named_modules()}
+    kept = memory.KEEP_FULL[family]
+    assert set(kept) <= names
+    head = {"janus": "model.generation_head", "emu3": "lm_head", "lumina": "lm_head"}[family]
+    assert head in kept
+
+
+def test_bad_choices_and_offload_on_the_cpu_are_refused(grid_folder):
+    with pytest.raises(ssd_core.SSDError, match="choose one of none, 8-bit, 4-bit"):
+        ssd_core.load_model(grid_folder, quantization="2-bit")
+    with pytest.raises(ssd_core.SSDError, match="choose one of none, auto"):
+        ssd_core.load_model(grid_folder, offload="disk")
+    with pytest.raises(ssd_core.SSDError, match="needs a CUDA device.*offload none"):
+        ssd_core.load_model(grid_folder, offload="auto", device="cpu")
+
+
+@pytest.mark.skipif(HAS_BNB, reason="bitsandbytes is installed here")
+@pytest.mark.parametrize("quantization", ["8-bit", "4-bit"])
+def test_quantization_without_bitsandbytes_names_what_to_install(grid_folder, quantization):
+    with pytest.raises(ssd_core.SSDError, match="pip install bitsandbytes.*quantization none"):
+        ssd_core.load_model(grid_folder, quantization=quantization)
+
+
+@pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes is not installed (pip install bitsandbytes>=0.50 runs on the CPU)")
+@pytest.mark.parametrize("quantization", ["8-bit", "4-bit"])
+def test_quantized_model_runs_ssd_exact_equal_to_ar(grid_folder, quantization):
+    import bitsandbytes as bnb
+
+    model = ssd_core.load_model(grid_folder, quantization=quantization)
+    layer = model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, bnb.nn.Linear8bitLt if quantization == "8-bit" else bnb.nn.Linear4bit)
+    assert type(model.model.lm_head) is torch.nn.Linear  # the head the engine slices
+    assert memory.is_placed(model.model)
+    for seed, cfg in [(0, 1.0), (1, 3.0)]:
+        ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=seed, cfg=cfg, score=False)
+        for rows in (1, 3):
+            ex = ssd_core.generate(model, None, prompt=1, decoder="ssd-exact", seed=seed, cfg=cfg, draft_rows=rows,
+                                   score=False)
+            assert torch.equal(ex.tokens, ar.tokens), (seed, rows)
+
+
+@pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes is not installed")
+def test_quantized_janus_keeps_its_generation_head(tmp_path):
+    import bitsandbytes as bnb
+
+    model = ssd_core.load_model(build_janus(tmp_path / "janus"), quantization="4-bit")
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.model.model.language_model.modules())
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in model.model.model.generation_head.modules())
+    ar = ssd_core.generate(model, None, prompt="a red cat", decoder="ar", seed=2, score=False)
+    ex = ssd_core.generate(model, None, prompt="a red cat", decoder="ssd-exact", seed=2, draft_rows=2, score=False)
+    assert torch.equal(ex.tokens, ar.tokens)
+
+
+def test_weights_table_counts_the_released_shapes():
+    """Meta-device counts of the released configs (no download): the parameter counts of the model cards."""
+    from ssd_core.dev.memory_table import released_counts
+
+    janus7 = released_counts("Janus-Pro-7B")
+    assert 7.3e9 < janus7["params"] < 7.5e9
+    assert janus7["none"] > janus7["8-bit"] > janus7["4-bit"] > janus7["none"] / 4
+    assert 2.0e9 < released_counts("Janus-Pro-1B")["params"] < 2.2e9
