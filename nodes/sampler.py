@@ -16,6 +16,7 @@ from .loaders import SSDModel
 SSDError = ssd_core.SSDError
 AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p
 PREVIEW_INTERVAL_S = 0.25
+MAX_BATCH = 16
 
 
 def resolve_prompt(model, text):
@@ -75,8 +76,9 @@ class SSDSampler:
     CATEGORY = "sampling/SSD"
     RETURN_TYPES = ("IMAGE", "SSD_TRACE", "STRING")
     RETURN_NAMES = ("image", "trace", "stats")
-    OUTPUT_TOOLTIPS = ("the decoded image", "how every token became final (for SSD Trace to Image)",
-                       "steps, tokens per step, time, acceptance counts")
+    OUTPUT_TOOLTIPS = ("the decoded images (a batch of batch_size)",
+                       "how every token became final (for SSD Trace to Image; a list for a batch)",
+                       "steps, tokens per step, time, acceptance counts (a line per image)")
     FUNCTION = "sample"
     OUTPUT_NODE = True  # runs (and draws its grid) even with nothing connected; resends its trace when cached
     DESCRIPTION = ("Generates an image token by token with an autoregressive model. decoder: ar = one "
@@ -112,13 +114,16 @@ class SSDSampler:
                 "negative_prompt": ("STRING", {"multiline": True, "default": "", "tooltip":
                                     f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
                                     "leave it empty for the others"}),
+                "batch_size": ("INT", {"default": 1, "min": 1, "max": MAX_BATCH,
+                               "tooltip": "images per run, seeds seed, seed+1, ...; one model forward per step "
+                                          "serves them all"}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
     def sample(self, ssd_model, prompt="cat", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
-               negative_prompt="", unique_id=None):
+               negative_prompt="", batch_size=1, unique_id=None):
         if not isinstance(ssd_model, SSDModel):
             raise SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)' "
                            "(or 'Load SSD Heads').")
@@ -145,41 +150,63 @@ class SSDSampler:
             grid=grids.parse(grid, getattr(model, "family", "")),
         )
         heads = ssd_model.heads if uses_heads(decoder) else None
+        n = int(batch_size)
+        if not 1 <= n <= MAX_BATCH:
+            raise SSDError(f"batch_size must be from 1 to {MAX_BATCH}, got {batch_size}.")
 
         h, w = kwargs["grid"] or tuple(model.default_grid)
-        progress = _comfy.Progress(h * w, unique_id)
+        progress = _comfy.Progress(n * h * w, unique_id)
         preview = _Preview(model)
+        finals = [0] * n  # final cells per image
+        turn = [0]  # the image whose live grid goes out next (round robin)
         t0 = time.monotonic()
 
         def on_step(p):
-            cells = int(p.grid[0]) * int(p.grid[1])
-            progress.update(int(p.final_cells), cells, None if progress.bar is None else
-                            _jpeg(preview.image(p.tokens)))
-            if progress.server is not None and progress.due():
-                progress.send("ssd.grid", trace_mod.live(p, decoder, time.monotonic() - t0))
+            finals[p.image] = int(p.final_cells)
+            shown = preview.image(p.tokens) if progress.bar is not None and p.image == 0 else None
+            progress.update(sum(finals), n * h * w, _jpeg(shown))
+            if progress.server is not None and p.image == turn[0] and progress.due():
+                progress.send("ssd.grid", {**trace_mod.live(p, decoder, time.monotonic() - t0), "image": p.image,
+                                           "images": n})
+                turn[0] = (turn[0] + 1) % n
 
         try:
             _comfy.load_to_device(ssd_model.patcher)  # back on the GPU if ComfyUI unloaded it
             if heads is not None:
                 heads.to(model.device)
-            result = ssd_core.generate(model, heads, on_step=on_step,
-                                       should_cancel=_comfy.processing_interrupted, **kwargs)
+            if n == 1:
+                results = [ssd_core.generate(model, heads, on_step=on_step,
+                                             should_cancel=_comfy.processing_interrupted, **kwargs)]
+            else:
+                seed = kwargs.pop("seed")
+                results = ssd_core.generate_batch(model, heads, seeds=[(seed + i) % 2**64 for i in range(n)], batch_size=n,
+                                                  on_step=on_step, should_cancel=_comfy.processing_interrupted,
+                                                  **kwargs)
         except ssd_core.Cancelled:
             raise _comfy.interrupt_exception()("SSD sampling was cancelled") from None
         except torch.OutOfMemoryError:
             _comfy.soft_empty_cache()
             raise out_of_memory("sampling") from None
 
-        full = result.trace.to_dict()
-        small = trace_mod.compact(full, done=True)
-        stats = trace_mod.stats_text(full)
-        if result.image is not None:
-            image = _to_image(result.image)
-        else:
-            image = trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"])))
-            stats += " | this model has no pixel decoder here: the image shows the token grid"
-        progress.send("ssd.grid", small, force=True)
-        return {"ui": {"ssd_trace": [small]}, "result": (image, full, stats)}
+        fulls, smalls, lines, images = [], [], [], []
+        for i, result in enumerate(results):
+            full = result.trace.to_dict()
+            small = trace_mod.compact(full, done=True)
+            if n > 1:
+                small.update(image=i, images=n)
+            stats = trace_mod.stats_text(full)
+            if result.image is not None:
+                images.append(_to_image(result.image))
+            else:
+                images.append(trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"]))))
+                stats += " | this model has no pixel decoder here: the image shows the token grid"
+            fulls.append(full)
+            smalls.append(small)
+            lines.append(stats)
+        for small in smalls:
+            progress.send("ssd.grid", small, force=True)
+        trace = fulls[0] if n == 1 else fulls
+        return {"ui": {"ssd_trace": smalls}, "result": (torch.cat(images), trace, "\n".join(lines))}
 
 
 def _jpeg(img):

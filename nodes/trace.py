@@ -4,6 +4,8 @@ matches them, a test checks)."""
 
 import math
 
+import torch
+
 from ..ssd_core.trace import STATUSES, finite_or_none, status_image
 
 STATUS_CODE = {name: str(i) for i, name in enumerate(STATUSES)}  # the compact string's digit per status
@@ -123,8 +125,21 @@ class SSDTraceToImage:
                                       "tooltip": "pixels per token cell"}),
                 "color_by": (["status", "step", "round"], {"default": "status"}),
                 "gridlines": ("BOOLEAN", {"default": True}),
+                "index": ("INT", {"default": -1, "min": -1, "max": 63,
+                                  "tooltip": "which image of a batch; -1 = every image, as an IMAGE batch"}),
             }
         }
 
-    def render(self, trace, cell_size=16, color_by="status", gridlines=True):
-        return (render(trace, int(cell_size), color_by, bool(gridlines)),)
+    def render(self, trace, cell_size=16, color_by="status", gridlines=True, index=-1):
+        traces = trace if isinstance(trace, list) else [trace]
+        if not traces:
+            raise ValueError("this trace list is empty: connect the 'trace' output of an SSD Sampler.")
+        index = int(index)
+        if index >= len(traces):
+            raise ValueError(f"index {index} is past the batch of {len(traces)} traces: pick 0..{len(traces) - 1} "
+                             "or -1 for all.")
+        chosen = traces if index < 0 else [traces[index]]
+        images = [render(t, int(cell_size), color_by, bool(gridlines)) for t in chosen]
+        if len({tuple(i.shape) for i in images}) > 1:
+            raise ValueError("the traces of this batch have different grids: pick one with index.")
+        return (torch.cat(images),)

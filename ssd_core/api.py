@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from . import hub, memory
+from . import hub, memory, static_cache, threads
 from .decoders import make_policy
-from .engine import decode
+from .engine import decode_batch
 from .errors import SSDError
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
@@ -35,20 +35,23 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
                family: str | None = None, download: str | bool | None = None, quantization: str = "none",
-               offload: str = "none", free_bytes: int | None = None, **kwargs):
+               offload: str = "none", free_bytes: int | None = None, compile: str | bool = "off", **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
     without files is fetched first. Nothing touches the network otherwise. quantization none / 8-bit / 4-bit
-    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py.
+    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py. `compile`:
+    'off' (DynamicCache), 'static' (static KV cache, eager), 'compiled' (that cache + torch.compile; True): see
+    static_cache.py.
     """
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
     memory.check_choice(quantization, offload)
+    mode = static_cache.parse_mode(compile)
     cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
     kwargs.update(memory.placement(cls.family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
-    return cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
+    return static_cache.enable(cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs), mode)
 
 
 def load_heads(name_or_path: str | Path, model) -> DraftHeads:
@@ -71,18 +74,48 @@ def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = 
              top_p: float | None = None, draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None,
              grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
     """Generate one image. Sampler values left as None take the model's defaults; draft_rows 0 the decoder's."""
+    return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
+                          decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
+                          draft_rows=draft_rows, verify_rounds=verify_rounds, window=window, grid=grid,
+                          on_step=on_step, should_cancel=should_cancel, decode_pixels=decode_pixels, score=score)[0]
+
+
+MAX_BATCH = 64
+
+
+def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed: int = 0, batch_size: int | None = None,
+                   negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
+                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                   draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None, grid=None, on_step=None,
+                   should_cancel=None, decode_pixels: bool = True, score: bool = True) -> list[Result]:
+    """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
+
+    The images are `prompts` x `seeds` paired in order; a single `prompt` is repeated and a missing `seeds`
+    list is seed, seed+1, ...; batch_size (default: the length of the lists given) says how many.
+    Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the sampler values
+    are shared. on_step receives a Progress whose `image` is the index in the batch.
+    """
+    n = batch_size if batch_size is not None else len(prompts if prompts is not None else seeds if seeds is not None else [0])
+    if int(n) != n or not 1 <= n <= MAX_BATCH:
+        raise SSDError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size}")
+    if prompts is None:
+        prompts = [prompt if prompt is not None else 0] * n
+    if seeds is None:
+        seeds = [(int(seed) + i) % 2**64 for i in range(n)]  # 64-bit seeds wrap
+    if len(prompts) != n or len(seeds) != n:
+        raise SSDError(f"a batch of {n} images needs {n} prompts and {n} seeds, got {len(prompts)} prompts "
+                       f"and {len(seeds)} seeds")
     d = getattr(model, "defaults", {})
-    settings = SamplerSettings(
-        seed=int(seed), cfg=float(d.get("cfg", 1.0) if cfg is None else cfg),
+    settings = [SamplerSettings(
+        seed=int(s), cfg=float(d.get("cfg", 1.0) if cfg is None else cfg),
         temperature=float(d.get("temperature", 1.0) if temperature is None else temperature),
         top_k=d.get("top_k", 0) if top_k is None else top_k,
-        top_p=float(d.get("top_p", 1.0) if top_p is None else top_p))
-    policy = make_policy(decoder, draft_rows, verify_rounds, window)
+        top_p=float(d.get("top_p", 1.0) if top_p is None else top_p)) for s in seeds]
+    policies = [make_policy(decoder, draft_rows, verify_rounds, window) for _ in range(n)]
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)
-    prompt_ids = model.build_prompt(prompt, negative_prompt, settings.guided, layout.grid)
-    with torch.no_grad():
-        run, trace = decode(model, heads, prompt_ids, layout, settings, policy, decoder, on_step, should_cancel, score)
-    image = model.decode(trace.tokens) if decode_pixels else None
-    return Result(trace.tokens, image, trace)
+    prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
+    with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
+        done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step, should_cancel, score)
+    return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace) for _, trace in done]

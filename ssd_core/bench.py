@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .api import generate
+from .api import MAX_BATCH, generate, generate_batch
 from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
@@ -37,6 +37,7 @@ class BenchOptions:
     out_dir: str | None = None  # sample and status PNGs
     json: str | None = None  # the report as JSON
     model_name: str = ""  # shown in the report
+    batch: int = 0  # also run every decoder in batches of this many images (images/s batched vs one at a time)
 
 
 NO_HEADS = ":noheads"  # decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
@@ -67,7 +68,10 @@ def prompts_for(model, n: int, given) -> list:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
+def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
+    """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
+    if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
+        raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
     variants = _variants(o)
     prompts = prompts_for(model, o.images, o.prompt)
     seeds = [o.seed + i for i in range(o.images)]
@@ -82,9 +86,11 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
-                         grid=o.grid, decode_pixels=out_dir is not None)
+                         grid=o.grid, decode_pixels=out_dir is not None,
+                         on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
+    batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
     ar = results["ar"]
     ar_nll = statistics.median([a.trace.nll for a in ar])
     ar_full = statistics.median([a.trace.nll_full for a in ar])
@@ -98,8 +104,11 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
         ar_steps = [a.trace.steps for a in ar]
         ar_walls = [a.trace.timings["wall"] - a.trace.timings["prefill"] for a in ar]
         exactness = None
-        if decoder in ("ar", "ssd-exact"):
+        if decoder in ("ar", "ssd-exact"):  # one at a time and, with --batch, in batches too
             exactness = all(bool(torch.equal(r.tokens, a.tokens)) for r, a in zip(runs, ar))
+            if batched is not None:
+                exactness = exactness and all(bool(torch.equal(b.tokens, a.tokens))
+                                              for b, a in zip(batched[label]["results"], ar))
         rows.append({
             "decoder": label, "steps": statistics.median(steps),
             "step_ratio": round(statistics.median([a / max(s, 1) for a, s in zip(ar_steps, steps)]), 3),
@@ -111,9 +120,18 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
             "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
             "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
+            # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
+            "policy_share": round(statistics.median([r.trace.timings["policy"] / r.trace.timings["wall"] for r in runs]), 4),
         })
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
+    if batched is not None:  # images per second (decode walls, prefill included) in batches vs one at a time
+        report["batch"] = {
+            "n": o.batch,
+            "images_per_s": {label: round(b["images_per_s"], 4) for label, b in batched.items()},
+            "single_images_per_s": {label: round(len(results[label]) / sum(r.trace.timings["wall"] for r in results[label]), 4)
+                                    for label in batched},
+        }
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
@@ -125,16 +143,39 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
     return report
 
 
+def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=print) -> dict:
+    """Every decoder on the same images in batches of o.batch -> {label: {"results", "images_per_s"}}."""
+    out = {}
+    for label, decoder, rounds in variants:
+        results, wall = [], 0.0
+        for i in range(0, len(prompts), o.batch):
+            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+            chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
+                                   seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
+                                   cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+                                   draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window, grid=o.grid,
+                                   decode_pixels=False, score=False)
+            wall += max(r.trace.timings["wall"] for r in chunk)  # the batch's wall: its last image's
+            results += chunk
+        out[label] = {"results": results, "images_per_s": len(results) / wall}
+        log(f"{label}: {len(results)} images in batches of {o.batch}: {len(results) / wall:.3f} images/s")
+    return out
+
+
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'policy':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
-            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
+            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{r['policy_share'] * 100:>7.1f}%  {ident}")
+    if "batch" in report:
+        b = report["batch"]
+        log(f"images/s in batches of {b['n']} vs one at a time: " + ", ".join(
+            f"{k} {v:.3f} vs {b['single_images_per_s'][k]:.3f}" for k, v in b["images_per_s"].items()))
     if "verify_cost" in report:
         log("verify forward cost relative to a 1-token forward: " +
             ", ".join(f"{k} tokens {v:.2f}x" for k, v in report["verify_cost"].items()))

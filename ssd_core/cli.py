@@ -9,6 +9,7 @@ from pathlib import Path
 from .decoders import DECODERS, PARAMS, needs_heads
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
+from .static_cache import MODES
 from .trace import parse_grid, status_image
 
 
@@ -20,6 +21,9 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
                    help="8-bit / 4-bit (NF4) weights through bitsandbytes; the image head stays full precision")
     p.add_argument("--offload", default="none", choices=list(OFFLOADS),
                    help="auto: the layers that do not fit in the GPU's free memory wait on the CPU (accelerate)")
+    p.add_argument("--compile", nargs="?", const="compiled", default="off", choices=MODES,
+                   help="static KV cache (static) and torch.compile of the verify forward (compiled, the value "
+                   "of a bare --compile; CUDA graphs on a GPU); default off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class", dest="prompt", default=None, help="class id or name (class-conditional models)")
     p.add_argument("--prompt", dest="prompt", help="text prompt (text-to-image models)")
@@ -37,7 +41,8 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from . import load_heads, load_model
 
-    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload)
+    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
+                       compile=args.compile)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None
@@ -113,7 +118,8 @@ def cmd_bench(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
         verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
         ssd_rounds=tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else (),
-        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model))
+        verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
+        batch=args.batch)
     run_bench(model, heads, options)
     return 0
 
@@ -159,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
+    b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
+                   "vs one at a time, and identical_to_ar over both)")
     b.set_defaults(func=cmd_bench)
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")
     c.add_argument("src")

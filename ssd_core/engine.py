@@ -18,7 +18,7 @@ from .errors import Cancelled, SSDError
 from .families.base import GridModel
 from .run import Policy, Run
 from .sampling import SamplerSettings, guide, log_probs
-from .session import Layout, Prompt, Session
+from .session import Layout, Prompt, Session, stack_prompts
 
 
 def _now(device) -> float:
@@ -30,63 +30,161 @@ def _now(device) -> float:
 def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: SamplerSettings, policy: Policy,
            decoder_name: str, on_step=None, should_cancel=None, score: bool = True) -> tuple[Run, T.Trace]:
     """Run one generation to the end; returns the final state and its trace."""
-    if policy.needs_heads and heads is None:
+    return decode_batch(model, heads, [prompt], layout, [settings], [policy], decoder_name, on_step,
+                        should_cancel, score)[0]
+
+
+def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout, settings: list[SamplerSettings],
+                 policies: list[Policy], decoder_name: str, on_step=None, should_cancel=None,
+                 score: bool = True) -> list[tuple[Run, T.Trace]]:
+    """N generations with one base-model forward per step for all N x CFG streams -> [(Run, Trace)] in order.
+
+    The batch shares one cache length C. Each step every image feeds its slots [C, end): final tokens it
+    keeps but the cache does not hold yet, then its window; shorter feeds are padded on the right, and the
+    padding is invisible to every other query. The cache is then cropped to the shortest prefix any image
+    keeps, so no padding key survives and an image further ahead re-feeds its final tokens (same context,
+    same keys). Per-image state stays in its Run; a finished image leaves the batch.
+    """
+    if policies[0].needs_heads and heads is None:
         raise SSDError(f"decoder {decoder_name!r} drafts with SSD heads: load heads for this model "
                        f"(or 'reference' for the bundled model), or choose decoder {without_heads()}")
     dev = model.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0}
+    timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
+    hooks = _time_heads(heads, timings) if heads is not None and policies[0].uses_heads else []
+    try:
+        return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score,
+                       timings)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _time_heads(heads, timings: dict) -> list:
+    """Time spent in the draft heads' networks goes to timings["draft"] (not to the policy's bookkeeping)."""
+    started = []
+
+    def pre(*_):
+        started.append(time.perf_counter())
+
+    def post(*_):
+        timings["draft"] += time.perf_counter() - started.pop()
+
+    return [h for m in (heads.horizontal, heads.vertical)
+            for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+
+
+def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score, timings):
+    dev = model.device
+    N = len(prompts)
     t0 = _now(dev)
-    session = model.start(prompt)
-    run = Run(model, heads, layout, settings, session)
+    session = model.start(stack_prompts(prompts) if N > 1 else prompts[0])
+    rows = [torch.arange(i, session.batch, N) for i in range(N)]  # the cache rows of image i: its streams
+    runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows)]
     timings["prefill"] = _now(dev) - t0
-    policy.begin(run)
-    while not bool(run.final.all()):
+    for run, policy in zip(runs, policies):
+        run.session = session
+        policy.begin(run)
+    pad_id = int(model.code_to_id(torch.zeros(1, dtype=torch.long, device=dev))[0])  # fed at padding slots
+    active = list(range(N))
+    traces: list[T.Trace | None] = [None] * N
+    while active:
         if should_cancel is not None and should_cancel():
-            raise Cancelled(f"generation cancelled after {run.steps} steps")
-        start = run.start = run.cached
-        fed = run.ids[start:run.end].clone()
-        run.verified[start:run.end] += 1
+            raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
+        C = session.cached
+        fed = [runs[i].ids[C:runs[i].end].clone() for i in active]
+        n = max(f.numel() for f in fed)
         t1 = _now(dev)
-        features = None
-        if fed.numel():
-            if bool((fed < 0).any()):
-                raise RuntimeError(f"{decoder_name}: window slot without a token at {start + int((fed < 0).nonzero()[0])}")
-            features = session.forward(fed, policy.visible(run))
-            run.features[:, start:run.end] = features
-            logits = torch.cat([run.next_logits[:, None], model.image_logits(features)], dim=1)
-            run.steps += 1
-        else:
-            logits = run.next_logits[:, None]
+        if n:
+            feats, all_logits, visibles = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
+                                         [rows[i] for i in active], fed, n, pad_id, decoder_name)
         t2 = _now(dev)
-        policy.update(run, logits, features)
+        drafting = timings["draft"]
+        step_logits = []
+        for j, i in enumerate(active):
+            run, k = runs[i], fed[j].numel()
+            run.start = run.cached = C
+            run.verified[run.keep:run.end] += 1  # the slots its own run would feed
+            if run.end > run.keep:
+                run.steps += 1
+            if k:
+                run.features[:, C:C + k] = feats[rows[i], :k]
+                logits = torch.cat([run.next_logits[:, None], all_logits[rows[i], :k]], dim=1)
+            else:
+                logits = run.next_logits[:, None]
+            policies[i].update(run, logits, feats[rows[i], :k] if k else None)
+            # keep the keys of the longest prefix of fed slots that are final and unchanged since fed, and
+            # whose context was whole (no slot before them was hidden when fed)
+            ok = run.final[C:C + k] & (run.ids[C:C + k] == fed[j])
+            if k and visibles[j] is not None:
+                ok &= torch.cat([torch.ones(1, dtype=torch.bool), visibles[j][:k - 1].cpu()]).cumprod(0).bool()
+            run.keep = C + (int(ok.long().cumprod(0).sum()) if k else 0)
+            step_logits.append(logits)
         timings["forward"] += t2 - t1
-        timings["policy"] += _now(dev) - t2
-        # keep the keys of the longest prefix of window slots that are final and unchanged since fed
-        ok = run.final[start:start + fed.numel()] & (run.ids[start:start + fed.numel()] == fed)
-        keep = start + (int(ok.long().cumprod(0).sum()) if ok.numel() else 0)
-        session.crop(keep)
-        if keep > start:
-            run.next_logits = logits[:, keep - start]
-        if on_step is not None and features is not None:
-            on_step(T.progress(run))
-    # the last tokens' keys: one more forward so the cache holds the whole committed sequence
-    if run.cached < run.L:
-        t1 = _now(dev)
-        session.forward(run.ids[run.cached:].clone())
-        timings["finalize"] = _now(dev) - t1
-        finalize_forwards = 1
-    else:
-        finalize_forwards = 0
-    timings["wall"] = _now(dev) - t0
-    tr = T.from_run(run, decoder_name, getattr(policy, "params", {}), timings, finalize_forwards, _peak_memory_mb(dev))
+        timings["policy"] += _now(dev) - t2 - (timings["draft"] - drafting)
+        crop = min(runs[i].keep for i in active)
+        session.crop(crop)
+        for j, i in enumerate(active):
+            runs[i].cached = crop
+            runs[i].next_logits = step_logits[j][:, crop - C]
+            if on_step is not None and n:
+                on_step(T.progress(runs[i], i))
+        done = [i for i in active if bool(runs[i].final.all())]
+        if done:
+            active = [i for i in active if i not in done]
+            finalize = 0
+            if not active and crop < layout.num_slots:  # the last tokens' keys: the cache holds every sequence
+                t1 = _now(dev)
+                last = torch.zeros(session.batch, layout.num_slots - crop, dtype=torch.long)
+                for i in done:
+                    last[rows[i]] = runs[i].ids[crop:]
+                session.forward(last)
+                timings["finalize"] = _now(dev) - t1
+                finalize = 1
+            timings["wall"] = _now(dev) - t0
+            for i in done:
+                runs[i].cached = session.cached
+                traces[i] = T.from_run(runs[i], decoder_name, getattr(policies[i], "params", {}), dict(timings),
+                                       finalize, _peak_memory_mb(dev))
+            if active and callable(getattr(session, "select", None)):  # the finished images' streams leave the cache
+                keep_rows = torch.cat([rows[i] for i in active])
+                session.select(keep_rows)
+                offset = 0
+                for i in active:
+                    rows[i] = torch.arange(offset, offset + rows[i].numel())
+                    offset += rows[i].numel()
     if score:
-        t1 = _now(dev)
-        fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes, settings)
-        tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
-        timings["score"] = _now(dev) - t1
-    return run, tr
+        for i, (run, prompt) in enumerate(zip(runs, prompts)):
+            t1 = _now(dev)
+            fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes, run.settings)
+            tr = traces[i]
+            tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
+            tr.timings["score"] = _now(dev) - t1
+    return list(zip(runs, traces))
+
+
+def _forward(model, session: Session, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
+             fed: list[torch.Tensor], n: int, pad_id: int, decoder_name: str):
+    """One base-model forward of every image's fed slots, right-padded to n.
+
+    -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
+    for run, f in zip(runs, fed):
+        if bool((f < 0).any()):
+            raise RuntimeError(f"{decoder_name}: window slot without a token at {run.cached + int((f < 0).nonzero()[0])}")
+    visibles = [p.visible(r) for p, r in zip(policies, runs)]
+    if len(runs) == 1:
+        ids, visible = fed[0], visibles[0]
+    else:
+        ids = torch.full((session.batch, n), pad_id, dtype=torch.long)
+        visible = torch.zeros(session.batch, n, dtype=torch.bool)
+        for r, f, v in zip(rows, fed, visibles):
+            ids[r, :f.numel()] = f
+            visible[r, :f.numel()] = True if v is None else v
+        if bool(visible.all()):
+            visible = None
+    features = session.forward(ids, visible)
+    return features, model.image_logits(features), visibles
 
 
 def _peak_memory_mb(dev: torch.device) -> float:

@@ -15,42 +15,45 @@ from .session import Layout, Session
 class Run:
     """Everything one generation knows; policies read and write it through the helpers below."""
 
-    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, session: Session):
-        self.model, self.heads, self.layout, self.settings, self.session = model, heads, layout, settings, session
+    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
+        """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
+        self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
+        self.session: Session | None = None  # the (batch's) KV cache, set by the engine
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
         self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
+        self.id_of_code = model.code_to_id(torch.arange(self.V))  # [V] on the CPU: writes need no device trip
+        self.forced = (layout.forced >= 0).tolist()  # [L] Python bools: read every step, so not a tensor
         self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
         self.final = layout.forced >= 0  # forced slots are final from the start
         self.drafted = torch.full((L,), -1, dtype=torch.long)  # [L] first draft code of a slot
         self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
         self.step_of = torch.zeros(L, dtype=torch.int32)
         self.round_of = torch.zeros(L, dtype=torch.int32)
-        self.end = 0  # window = [session.cached, end)
+        self.cached = 0  # slots whose keys are in the cache (shared by a batch)
+        self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
+        self.end = 0  # window = [cached, end)
         self.start = 0  # the window's first slot in the step being decided
         self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
         self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
         self.steps = 0
         self.head_calls = 0
         self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
-        B, d = session.last_features.shape
+        B, d = last_features.shape
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
-        self.next_logits = model.image_logits(session.last_features)  # [B, V] raw logits for slot `cached`
-        self.prompt_features = session.last_features  # [B, d] features predicting slot 0
-        self.q: dict[int, torch.Tensor] = {}  # slot -> the distribution its current token was drawn from
+        self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
+        self.prompt_features = last_features  # [B, d] features predicting slot 0
+        self.q = SlotTable(self.V, model.device)  # per open slot: the distribution its token was drawn from
+        self.noise = SlotTable(self.V, model.device)  # per open slot: its Gumbel noise (a function of seed, slot)
 
     # ---- views -----------------------------------------------------------------------------
-    @property
-    def cached(self) -> int:
-        return self.session.cached
-
     def first_open(self) -> int:
         """The first slot that is not final (L when done)."""
         open_ = (~self.final).nonzero()
         return int(open_[0]) if open_.numel() else self.L
 
     def is_image(self, slot: int) -> bool:
-        return 0 <= slot < self.L and bool(self.layout.forced[slot] < 0)
+        return 0 <= slot < self.L and not self.forced[slot]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots."""
@@ -61,7 +64,7 @@ class Run:
         changed = self.codes[slots] != codes  # the round in which a slot took its current value
         self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
         self.codes[slots] = codes
-        self.ids[slots] = self.model.code_to_id(codes.to(self.ids.device)).cpu()
+        self.ids[slots] = self.id_of_code[codes]
         if draft:
             first = self.drafted[slots] < 0
             self.drafted[slots[first]] = codes[first]
@@ -78,20 +81,25 @@ class Run:
         self.final[slots] = True
         self.step_of[slots] = self.steps
         self.round_of[slots] = self.value_round[slots]
-        for s in slots.tolist():
-            self.q.pop(s, None)
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
         tokens before them)."""
         self.end = end
-        while self.end < self.L and self.layout.forced[self.end] >= 0:
+        while self.end < self.L and self.forced[self.end]:
             self.end += 1
 
     def open_in(self, lo: int, hi: int) -> torch.Tensor:
         """Slots in [lo, hi) that are image cells and not final yet."""
         idx = torch.arange(lo, min(hi, self.L))
         return idx[~self.final[idx]]
+
+    def q_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """[n, V] the distributions the current tokens of these (open) slots were drawn from."""
+        return self.q.get(slots)
+
+    def put_q(self, slots: torch.Tensor, dist: torch.Tensor) -> None:
+        self.q.put(slots, dist, self.first_open())
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
@@ -101,11 +109,43 @@ class Run:
         """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise."""
         if self.settings.temperature == 0:
             return logp.argmax(-1).cpu()
-        noise = gumbel(self.settings.seed, slots, self.V)
-        return gumbel_argmax(logp.float().cpu(), noise)
+        hi = int(slots[-1]) + 1  # each slot's noise is made once, a row ahead at a time
+        if hi > self.noise.hi:
+            first = self.first_open()
+            new = torch.arange(max(self.noise.hi, first), min(self.L, max(hi, first + self.layout.row_stride)))
+            self.noise.put(new, gumbel(self.settings.seed, new, self.V, self.model.device), first)
+        return gumbel_argmax(logp.float(), self.noise.get(slots)).cpu()
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng)
+
+
+class SlotTable:
+    """Rows [V] for a moving span of slots [lo, hi) on the model's device: what open slots need across steps.
+
+    Slots below the first open one are dropped when the span moves, so the table stays window-sized."""
+
+    def __init__(self, V: int, device):
+        self.lo = 0
+        self.rows = torch.zeros(0, V, device=device)
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.rows.shape[0]
+
+    def get(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.rows[slots - self.lo]
+
+    def put(self, slots: torch.Tensor, values: torch.Tensor, first_open: int) -> None:
+        """values [n, V] for ascending slots; the span becomes [min(first_open, slots[0]), max(hi, slots[-1] + 1))."""
+        lo, hi = min(first_open, int(slots[0])), max(self.hi, int(slots[-1]) + 1)
+        if lo != self.lo or hi > self.hi:
+            rows = torch.zeros(hi - lo, self.rows.shape[1], device=self.rows.device)
+            a, b = max(lo, self.lo), min(self.hi, hi)
+            if b > a:
+                rows[a - lo:b - lo] = self.rows[a - self.lo:b - self.lo]
+            self.rows, self.lo = rows, lo
+        self.rows[slots - lo] = values.to(self.rows.device, torch.float32)
 
 
 class Policy:

@@ -48,8 +48,8 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions` only names the
     offending slots when a logit is NaN or infinite.
     """
-    bad = ~torch.isfinite(logits).all(-1)
-    if bad.any():
+    if not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when something is wrong
+        bad = ~torch.isfinite(logits).all(-1)
         where = positions[bad].tolist() if positions is not None else bad.nonzero().flatten().tolist()
         raise SSDError(f"the model produced NaN or infinite logits at image sequence position(s) {where[:8]}; "
                        "try float32 (dtype fp32) or another device; fp16 overflows on some models")
@@ -58,7 +58,7 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
     x = logits / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
-        kth = x.topk(int(s.top_k), dim=-1).values[..., -1:]
+        kth = x.topk(int(s.top_k), dim=-1, sorted=False).values.amin(-1, keepdim=True)
         x = x.masked_fill(x < kth, NEG_INF)
     if s.top_p < 1.0:
         sorted_x, order = x.sort(-1, descending=True)
@@ -70,8 +70,12 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
 
 
 def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`)."""
-    return torch.multinomial(logp.float().exp().cpu(), 1, generator=generator).squeeze(-1)
+    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`).
+
+    Inverse CDF: the first code whose cumulative probability exceeds a uniform draw (one uniform a row)."""
+    cdf = logp.float().exp().cumsum(-1).cpu()  # [n, V]
+    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Generator) -> torch.Tensor:

@@ -3,6 +3,7 @@ the CFG-batched KV-cache Session every family shares (masks, positions, the pre-
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ class Layout:
     def num_slots(self) -> int:
         return int(self.forced.numel())
 
-    @property
+    @functools.cached_property
     def row_stride(self) -> int:
         H, W = self.grid
         return int(self.slot_of_cell[W]) if H > 1 else W
@@ -90,18 +91,20 @@ class Session:
         self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
 
     def _mask(self, n: int, past_slots: int, visible: torch.Tensor | None, prefill: bool = False) -> torch.Tensor:
-        """Float additive mask [B, 1, n, keys]: prompt padding, cached slots, causal (and visible) window."""
+        """Float additive mask [B, 1, n, keys]: prompt padding, cached slots, causal (and visible) window.
+
+        visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself)."""
         dev, dtype = self.m.device, self.m.dtype
         P = self.prompt_len
-        win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None]  # [1 or B, n, n]
         if visible is not None:  # keys of invisible window slots are hidden from every other query
-            win &= visible.to(dev)[None, :] | torch.eye(n, dtype=torch.bool, device=dev)
+            win = win & (visible.to(dev).view(-1, 1, n) | torch.eye(n, dtype=torch.bool, device=dev))
         if prefill:  # the prompt itself: causal over the prompt's real tokens
-            allowed = win[None] & self.prompt_mask[:, None, :]
+            allowed = win & self.prompt_mask[:, None, :]
         else:
             allowed = torch.ones(self.batch, n, P + past_slots + n, dtype=torch.bool, device=dev)
             allowed[:, :, :P] &= self.prompt_mask[:, None, :]
-            allowed[:, :, P + past_slots:] = win[None]
+            allowed[:, :, P + past_slots:] = win
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
@@ -114,7 +117,9 @@ class Session:
         return box["x"]
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
+        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+
+        visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
@@ -129,6 +134,14 @@ class Session:
         if drop > 0:
             self.cache.crop(-drop)
             self.cached = slots
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (in this order): the streams of images that are still generating."""
+        rows = rows.to(self.m.device)
+        self.cache.batch_select_indices(rows)
+        self.prompt_mask, self.real_len = self.prompt_mask[rows], self.real_len[rows]
+        self.last_features = self.last_features[rows]
+        self.batch = int(rows.numel())
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = getattr(self.cache, "layers", None)

@@ -48,19 +48,20 @@ class Progress:
     tokens: torch.Tensor  # [H, W] long, -1 where not final yet
     status_codes: torch.Tensor  # [H, W] int8 codes into STATUSES
     final_cells: int
+    image: int = 0  # the image's index in its batch
 
     @property
     def status(self) -> list[list[str]]:
         return [[STATUSES[v] for v in row] for row in self.status_codes.tolist()]
 
 
-def progress(run) -> Progress:
-    """The Progress of an engine Run (run.py) after a step."""
+def progress(run, image: int = 0) -> Progress:
+    """The Progress of an engine Run (run.py) after a step; `image`: its index in the batch."""
     H, W = run.layout.grid
     cells = run.layout.slot_of_cell
     final = run.final[cells]
     tokens = torch.where(final, run.codes[cells], -1).view(H, W)
-    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W), int(final.sum()))
+    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W), int(final.sum()), image)
 
 
 def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: int, peak_memory_mb: float) -> "Trace":

@@ -107,7 +107,7 @@ def test_hover_shows_step_and_round(browser_run):
 def test_the_widget_adds_no_widget_value_and_survives_a_reload(browser_run):
     after = browser_run["after"]["4"]
     assert after["saved"], "the final trace is kept in node.properties"
-    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 12
+    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 13  # 12 inputs with a widget + control_after_generate
     again = browser_run["reloaded"]["4"]
     assert again["widget"] and again["done"] and again["grid"] == after["grid"]
     assert again["pixels"]["accepted"] > 50
@@ -131,3 +131,11 @@ def test_no_console_errors(browser_run):
 
 def test_loaded_from_the_template_browser(browser_run):
     assert browser_run["loadedBy"] == "template browser", browser_run.get("templateBrowserError")
+
+
+def test_batch_selector_shows_every_image(browser_run):
+    before, after = browser_run["batchBefore"], browser_run["batchAfter"]
+    assert before["shown"] and before["images"] == 3 and before["label"].startswith("image 1 of 3")
+    assert (after["index"], after["seed"]) == (1, 101) and "image 2 of 3" in after["label"]
+    pixels = browser_run["batchPixels"]
+    assert pixels["accepted"] > 0 and pixels["ar"] == 0  # image 1 (all accepted) is the one drawn

@@ -155,6 +155,30 @@ def test_progress_previews_and_live_events(ref_model, fake_comfy, monkeypatch):
     assert grid_events[-1]["done"] is True and grid_events[-1] == {**out["ui"]["ssd_trace"][0], "node": "12"}
 
 
+def test_sampler_batch_gives_an_image_batch_and_a_trace_per_image(ref, fake_comfy):
+    out = run(ref, decoder="ssd-exact", grid=SMALL, seed=20, batch_size=3)
+    live = [d for e, d, _ in fake_comfy.events if e == "ssd.grid" and not d["done"]]
+    assert live and all(d["images"] == 3 for d in live) and {d["image"] for d in live} == {0, 1, 2}
+    values = [v for v, _ in fake_comfy.progress]
+    assert values == sorted(values) and values[-1] == 3 * 12 * 12
+    images, traces, stats = out["result"]
+    assert images.shape[0] == 3 and isinstance(traces, list) and len(traces) == 3
+    assert [t["seed"] for t in traces] == [20, 21, 22] and len(stats.splitlines()) == 3
+    for i, t in enumerate(traces):  # every image is its own single run (ssd-exact = ar for its seed)
+        alone = run(ref, decoder="ar", grid=SMALL, seed=20 + i)
+        assert t["tokens"] == alone["result"][1]["tokens"]
+        assert torch.equal(images[i:i + 1], alone["result"][0])
+    small = out["ui"]["ssd_trace"]
+    assert [s["image"] for s in small] == [0, 1, 2] and all(s["images"] == 3 for s in small)
+    (all_grids,) = nodes.SSDTraceToImage().render(traces, 4, "status", True, -1)
+    (one,) = nodes.SSDTraceToImage().render(traces, 4, "status", True, 1)
+    assert all_grids.shape == (3, 48, 48, 3) and torch.equal(one[0], all_grids[1])
+    with pytest.raises(ValueError, match="past the batch of 3"):
+        nodes.SSDTraceToImage().render(traces, 4, "status", True, 3)
+    with pytest.raises(core.SSDError, match="batch_size"):
+        run(ref, decoder="ar", grid=SMALL, batch_size=17)
+
+
 def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref_model, fake_comfy):
     ref = ref_model
     fake_comfy.interrupt_after = 3

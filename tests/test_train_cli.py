@@ -61,9 +61,14 @@ def test_cli_generate_bench_and_errors(tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 0
     assert "no pixel decoder" in out.stdout  # vq_decoder null: tokens only
     out = _cli("bench", "--model", folder, "--heads", heads, "--decoders", "ar,ssd,ssd-exact,sjd,zipar",
-               "--images", 2, "--verify-rounds", 2, "--json", tmp_path / "b.json")
+               "--images", 3, "--verify-rounds", 2, "--json", tmp_path / "b.json", "--batch", 2)
     assert out.returncode == 0, out.stderr
-    rows = {r["decoder"]: r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    report = json.loads((tmp_path / "b.json").read_text())
+    rows = {r["decoder"]: r for r in report["rows"]}
+    batch = report["batch"]  # images/s in batches of 2 (a batch of 2, then of 1) vs one at a time
+    assert batch["n"] == 2 and set(batch["images_per_s"]) == set(batch["single_images_per_s"]) == set(rows)
+    assert all(v > 0 for v in batch["images_per_s"].values())
+    assert all(0 < r["policy_share"] < 1 for r in rows.values())
     assert set(rows) == {"ar", "ssd", "ssd-exact", "sjd", "zipar"}
     assert rows["ar"]["step_ratio"] == 1.0 and rows["ssd-exact"]["identical_to_ar"] is True
     assert rows["ssd"]["identical_to_ar"] is None and rows["ssd"]["step_ratio"] > 1.0

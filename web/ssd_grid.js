@@ -2,11 +2,14 @@
 // final from the node's ui output ("executed"), and kept in node.properties across reloads.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { draw, cellAt, mergeTrace, normalizeTrace, hoverText } from "./ssd_grid_core.js";
+import {
+  draw, cellAt, normalizeTrace, hoverText, mergeBatch, batchFromOutput, selectedTrace, selectImage, batchLabel,
+} from "./ssd_grid_core.js";
 
 const NODE_TYPE = "SSDSampler";
 const WIDGET = "ssd_grid";
-const PROP = "ssd_trace";
+const PROP = "ssd_trace"; // the shown trace
+const BATCH_PROP = "ssd_batch"; // every image's trace of a batch run
 const MIN_HEIGHT = 300;
 
 function widgetOf(node) {
@@ -41,11 +44,27 @@ function addGridWidget(node) {
   const box = document.createElement("div");
   box.className = "ssd-grid-widget";
   box.style.cssText = "width:100%;height:100%;min-height:" + MIN_HEIGHT + "px;position:relative;";
+  // the image selector of a batch: hidden for a single image
+  const bar = document.createElement("div");
+  bar.className = "ssd-grid-batch";
+  bar.style.cssText = "display:none;position:absolute;top:4px;right:6px;gap:4px;align-items:center;" +
+    "font:12px sans-serif;color:#ddd;background:rgba(20,20,20,0.8);padding:2px 4px;border-radius:4px;z-index:1;";
+  const button = (text, title) => {
+    const b = document.createElement("button");
+    b.textContent = text;
+    b.title = title;
+    b.style.cssText = "font:12px sans-serif;padding:0 6px;cursor:pointer;";
+    return b;
+  };
+  const prev = button("\u25C0", "previous image of the batch");
+  const next = button("\u25B6", "next image of the batch");
+  const label = document.createElement("span");
+  bar.append(prev, label, next);
   const canvas = document.createElement("canvas");
   canvas.style.cssText = "width:100%;height:100%;display:block;";
-  box.appendChild(canvas);
+  box.append(bar, canvas);
 
-  const state = { trace: null, hover: null, pending: false };
+  const state = { batch: null, trace: null, hover: null, pending: false };
 
   const redraw = () => {
     state.pending = false;
@@ -60,6 +79,12 @@ function addGridWidget(node) {
     if (!ctx) return;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     state.layout = draw(ctx, state.trace, w, h, state.hover);
+  };
+  const showBatch = () => {
+    state.trace = selectedTrace(state.batch);
+    const text = batchLabel(state.batch);
+    label.textContent = text;
+    bar.style.display = text ? "flex" : "none";
   };
   const schedule = () => {
     if (state.pending) return;
@@ -79,6 +104,15 @@ function addGridWidget(node) {
       schedule();
     }
   });
+  const pick = (delta) => (e) => {
+    e.stopPropagation();
+    state.batch = selectImage(state.batch, delta);
+    showBatch();
+    if (state.trace?.done) node.properties[PROP] = state.trace;
+    schedule();
+  };
+  prev.addEventListener("click", pick(-1));
+  next.addEventListener("click", pick(1));
   canvas.addEventListener("mouseleave", () => {
     if (state.hover) {
       state.hover = null;
@@ -98,14 +132,23 @@ function addGridWidget(node) {
   widget.ssd = {
     state,
     schedule,
-    set(trace, persist) {
-      const next = mergeTrace(state.trace, trace);
-      if (next === state.trace) return;
-      state.trace = next;
-      if (persist && next?.done) {
-        node.properties[PROP] = next;
+    // one trace (a live event or a saved trace) or a list (the node's output: one per image)
+    set(incoming, persist) {
+      const next = Array.isArray(incoming) ? batchFromOutput(state.batch, incoming) : mergeBatch(state.batch, incoming);
+      if (next === state.batch) return;
+      state.batch = next;
+      showBatch();
+      if (persist && state.trace?.done) {
+        node.properties[PROP] = state.trace;
+        if (next.traces.length > 1) node.properties[BATCH_PROP] = next.traces;
+        else delete node.properties[BATCH_PROP];
         saveWorkflowState();
       }
+      schedule();
+    },
+    select(index) {
+      state.batch = selectImage(state.batch, index, true);
+      showBatch();
       schedule();
     },
   };
@@ -129,8 +172,10 @@ app.registerExtension({
     const onConfigure = nodeType.prototype.onConfigure;
     nodeType.prototype.onConfigure = function (info) {
       const r = onConfigure?.apply(this, arguments);
+      const batch = this.properties?.[BATCH_PROP];
       const saved = normalizeTrace(this.properties?.[PROP]);
-      if (saved) widgetOf(this)?.ssd?.set(saved, false);
+      if (Array.isArray(batch) && batch.length > 1) widgetOf(this)?.ssd?.set(batch, false);
+      else if (saved) widgetOf(this)?.ssd?.set(saved, false);
       return r;
     };
   },
@@ -141,10 +186,10 @@ app.registerExtension({
     });
     api.addEventListener("executed", (e) => {
       const d = e.detail;
-      const trace = d?.output?.ssd_trace?.[0];
-      if (!trace) return;
+      const traces = d?.output?.ssd_trace;
+      if (!Array.isArray(traces) || traces.length === 0) return;
       const node = findNode(d.display_node ?? d.node) ?? findNode(d.node);
-      widgetOf(node)?.ssd?.set(trace, true);
+      widgetOf(node)?.ssd?.set(traces, true);
     });
   },
 });

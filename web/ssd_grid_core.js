@@ -212,3 +212,50 @@ export function draw(ctx, trace, width, height, hover = null) {
   if (trace) ctx.fillText(hoverLine, PAD, ly + 48);
   return lay;
 }
+
+// ---- batches: one trace per image of a run, one of them shown -------------------------------
+// A batch is { traces: [trace or null, ...], index }; events and outputs carry `image` (0-based)
+// and `images` (the batch size), both absent for a single image.
+
+// Merge a live event or a finished trace of one image into the batch (a new size starts afresh).
+export function mergeBatch(batch, incoming) {
+  if (!incoming || typeof incoming !== "object") return batch;
+  const images = Math.max(1, Math.floor(Number(incoming.images ?? 1)) || 1);
+  const image = Math.floor(Number(incoming.image ?? 0));
+  if (!(image >= 0 && image < images)) return batch;
+  const base = batch && batch.traces.length === images
+    ? batch
+    : { traces: new Array(images).fill(null), index: Math.min(batch?.index ?? 0, images - 1) };
+  const next = mergeTrace(base.traces[image], incoming);
+  if (next === base.traces[image]) return base;
+  const traces = base.traces.slice();
+  traces[image] = next;
+  return { traces, index: base.index };
+}
+
+// The node's ui output (a list of compact traces, one per image) merged into the batch.
+export function batchFromOutput(batch, list) {
+  if (!Array.isArray(list) || list.length === 0) return batch;
+  return list.reduce((b, t, i) => mergeBatch(b, { ...t, image: t?.image ?? i, images: t?.images ?? list.length }), batch);
+}
+
+// The trace shown: the selected image's.
+export function selectedTrace(batch) {
+  return batch ? batch.traces[batch.index] ?? null : null;
+}
+
+// Select the image `delta` away (wrapping), or an index with absolute = true.
+export function selectImage(batch, delta, absolute = false) {
+  if (!batch || batch.traces.length === 0) return batch;
+  const n = batch.traces.length;
+  const index = (((absolute ? delta : batch.index + delta) % n) + n) % n;
+  return index === batch.index ? batch : { traces: batch.traces, index };
+}
+
+// "image 2 of 4 · seed 12" for a batch, "" for a single image.
+export function batchLabel(batch) {
+  if (!batch || batch.traces.length <= 1) return "";
+  const t = selectedTrace(batch);
+  const seed = t?.seed !== undefined && t?.seed !== null ? ` · seed ${t.seed}` : "";
+  return `image ${batch.index + 1} of ${batch.traces.length}${seed}`;
+}

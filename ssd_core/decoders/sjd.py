@@ -21,10 +21,10 @@ class SJDPolicy(Policy):
         start, end = run.start, run.end
         slots = run.open_in(start, end)
         if slots.numel():
-            p = run.logp(logits[:, slots - start], slots).exp().cpu()
-            q = torch.stack([run.q[s] for s in slots.tolist()])
-            tok = run.codes[slots]
-            ok = run.uniform(slots.numel()) < acceptance(p, q, tok)
+            p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] on the model's device
+            q = run.q_at(slots)
+            tok = run.codes[slots].to(p.device)
+            ok = (run.uniform(slots.numel()).to(p.device) < acceptance(p, q, tok)).cpu()
             lead = int(ok.long().cumprod(0).sum())
             run.finalize(slots[:lead])
             if lead < slots.numel():
@@ -34,8 +34,7 @@ class SJDPolicy(Policy):
                 rest, p_rest = slots[lead + 1:], p[lead + 1:]
                 if rest.numel():  # Jacobi: redraw the rest from their new p
                     run.set_tokens(rest, run.sample(p_rest.clamp(min=1e-30).log()))
-                    for s, dist in zip(rest.tolist(), p_rest):
-                        run.q[s] = dist
+                    run.put_q(rest, p_rest)
         if not run.open_in(start, run.end).numel() and run.end < run.L and run.end - start < logits.shape[1]:
             one = torch.tensor([run.end])  # the token after an all-final window: an exact sample
             run.set_tokens(one, run.sample(run.logp(logits[:, run.end - start:run.end - start + 1], one)), draft=False)
@@ -50,11 +49,11 @@ class SJDPolicy(Policy):
             above = s - stride
             if above >= 0 and run.codes[above] >= 0:  # vertical repeat of the row above
                 code = run.codes[above:above + 1].clone()
-                q = torch.zeros(V)
-                q[code] = 1.0
+                q = torch.nn.functional.one_hot(code, V).float()
             else:
                 code = torch.randint(V, (1,), generator=run.rng)
-                q = torch.full((V,), 1.0 / V)
-            run.set_tokens(torch.tensor([s]), code)
-            run.q[s] = q
+                q = torch.full((1, V), 1.0 / V)
+            one = torch.tensor([s])
+            run.set_tokens(one, code)
+            run.put_q(one, q)
             run.set_end(run.end + 1)

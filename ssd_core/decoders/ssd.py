@@ -24,15 +24,14 @@ class SSDPolicy(Policy):
         start = run.start
         slots = run.open_in(start, run.end)
         if slots.numel():
-            p = run.logp(logits[:, slots - start], slots).exp().cpu()  # [n, V] verifier
-            q = torch.stack([run.q[s] for s in slots.tolist()])  # [n, V] what each token was drawn from
-            tok = run.codes[slots]
-            rejected = run.uniform(slots.numel()) >= acceptance(p, q, tok)
+            p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] verifier, on the model's device
+            q = run.q_at(slots)  # [n, V] what each token was drawn from
+            tok = run.codes[slots].to(p.device)
+            rejected = (run.uniform(slots.numel()).to(p.device) >= acceptance(p, q, tok)).cpu()
             if rejected.any():
                 fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
                 run.set_tokens(slots[rejected], fixes, draft=False)
-            for s, dist in zip(slots.tolist(), p):
-                run.q[s] = dist  # each token is now a sample of this round's p
+            run.put_q(slots, p)  # each token is now a sample of this round's p
             run.finalize(slots[run.verified[slots] > self.verify_rounds])
         if not run.open_in(start, run.end).numel() and run.end < run.L:
             draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
@@ -41,7 +40,6 @@ class SSDPolicy(Policy):
     def _pick(run: Run):
         def pick(logp, slots):
             codes = run.sample(logp)
-            for s, row in zip(slots.tolist(), logp.exp().cpu()):
-                run.q[s] = row
+            run.put_q(slots, logp.exp())
             return codes
         return pick

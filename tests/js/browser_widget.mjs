@@ -187,6 +187,31 @@ try {
   await page.waitForTimeout(1000);
   result.reloaded = await widgetStates();
   await page.screenshot({ path: join(OUT, "widget_reloaded.png") });
+
+  step("batch selector");
+  // a batch output of 3 images on the ar sampler's widget (image 1 all accepted), then a real click on "next"
+  await page.evaluate(() => {
+    const w = window.app.graph.getNodeById(3).widgets.find((x) => x.name === "ssd_grid");
+    const base = w.ssd.state.trace;
+    const accepted = "2".repeat(base.status.length);
+    w.ssd.set([0, 1, 2].map((i) => ({ ...base, seed: 100 + i, image: i, images: 3,
+      status: i === 1 ? accepted : base.status })), false);
+  });
+  await page.waitForTimeout(300);
+  const readBatch = () => page.evaluate(() => {
+    const w = window.app.graph.getNodeById(3).widgets.find((x) => x.name === "ssd_grid");
+    const bar = w.element.querySelector(".ssd-grid-batch");
+    return { index: w.ssd.state.batch?.index ?? null, images: w.ssd.state.batch?.traces.length ?? 0,
+      seed: w.ssd.state.trace?.seed ?? null, label: bar?.querySelector("span")?.textContent ?? "",
+      shown: bar ? getComputedStyle(bar).display !== "none" : false };
+  });
+  result.batchBefore = await readBatch();
+  const nextButton = await page.evaluateHandle(() => window.app.graph.getNodeById(3).widgets
+    .find((x) => x.name === "ssd_grid").element.querySelectorAll(".ssd-grid-batch button")[1]);
+  await nextButton.click();
+  await page.waitForTimeout(400);
+  result.batchAfter = await readBatch();
+  result.batchPixels = (await widgetStates())["3"]?.pixels ?? null;
   step("done");
 } catch (e) {
   result.error = String(e?.stack ?? e);

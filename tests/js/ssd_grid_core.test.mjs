@@ -3,7 +3,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   STATUS_NAMES, PALETTE, BACKGROUND, LEGEND_HEIGHT, statusColor, normalizeTrace, countStatuses, layout,
-  cellAt, hoverText, legendLines, legendSwatches, mergeTrace, draw,
+  cellAt, hoverText, legendLines, legendSwatches, mergeTrace, draw, mergeBatch, batchFromOutput, selectedTrace,
+  selectImage, batchLabel,
 } from "../../web/ssd_grid_core.js";
 
 // 2 x 3 grid: ar accepted corrected / forced accepted pending
@@ -142,4 +143,36 @@ test("draw outlines the hovered cell and copes with no trace", () => {
   const empty = fakeCtx();
   assert.equal(draw(empty, null, 300, 300), null);
   assert.ok(empty.calls.some((c) => c[0] === "fillText" && /queue/.test(c[1])));
+});
+
+test("a batch keeps one trace per image and shows the selected one", () => {
+  let b = mergeBatch(null, { ...compact, done: false, steps: 1, image: 1, images: 3 });
+  assert.equal(b.traces.length, 3);
+  assert.equal(b.traces[0], null);
+  assert.equal(b.traces[1].steps, 1);
+  assert.equal(selectedTrace(b), null); // image 1 of 3 selected by default is the first
+  b = selectImage(b, 1);
+  assert.equal(selectedTrace(b).steps, 1);
+  assert.equal(batchLabel(b), "image 2 of 3");
+  // the finished output of all three images; the selection stays
+  const out = [0, 1, 2].map((i) => ({ ...compact, seed: 10 + i, image: i, images: 3 }));
+  b = batchFromOutput(b, out);
+  assert.equal(b.index, 1);
+  assert.deepEqual(b.traces.map((t) => t.seed), [10, 11, 12]);
+  assert.ok(b.traces.every((t) => t.done));
+  assert.equal(batchLabel(b), "image 2 of 3 · seed 11");
+  // a late live event does not replace a finished image; selection wraps both ways
+  assert.equal(mergeBatch(b, { ...compact, done: false, steps: 2, image: 2, images: 3 }), b);
+  assert.equal(selectImage(b, 2).index, 0);
+  assert.equal(selectImage(b, -2).index, 2);
+  assert.equal(selectImage(b, 2, true).index, 2);
+  // a single image (no image / images keys): one trace, no label
+  const single = batchFromOutput(b, [compact]);
+  assert.equal(single.traces.length, 1);
+  assert.equal(single.index, 0);
+  assert.equal(batchLabel(single), "");
+  assert.equal(selectedTrace(single).status, "123420");
+  // what is not an image of this batch changes nothing
+  assert.equal(mergeBatch(b, { ...compact, image: 5, images: 3 }), b);
+  assert.equal(mergeBatch(b, null), b);
 });
