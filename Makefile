@@ -1,11 +1,14 @@
-# make demo: the bundled model, every decoder, PNGs in demo_out/ and the bench table.
+# make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes).
+# make bench: the bench of record (every decoder, 16 images, verify cost) into bench_out/.
+# make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make test: the whole test suite (the command CI runs).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEMO_IMAGES ?= 16
+DEMO_IMAGES ?= 4
+BENCH_IMAGES ?= 16
 
-.PHONY: install demo test test-engine-457 bench-tiny weights-table gpu-memory
+.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny weights-table gpu-memory
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +18,14 @@ $(VENV)/.installed: requirements-dev.txt
 install: $(VENV)/.installed
 
 demo: install
+	$(PY) -m ssd_core.demo --images $(DEMO_IMAGES) --out-dir demo_out
+
+bench: install
 	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,sjd,zipar \
-		--ssd-rounds 0,1,2 --images $(DEMO_IMAGES) --verify-cost --out-dir demo_out --json demo_out/bench.json
+		--ssd-rounds 0,1,2 --images $(BENCH_IMAGES) --verify-cost --out-dir bench_out --json bench_out/bench.json
+
+bench-gpu: install
+	$(PY) -m ssd_core.dev.bench_gpu --json bench_gpu.json
 
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
@@ -28,7 +37,8 @@ test-engine-457:
 	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
-		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py
+		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
+		tests/test_static_cache.py tests/test_bench_gpu.py
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
 weights-table: install

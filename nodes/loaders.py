@@ -2,6 +2,7 @@
 
 from .. import ssd_core
 from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
+from ..ssd_core.static_cache import MODES as COMPILE_MODES
 from . import _comfy
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
@@ -51,10 +52,13 @@ class SSDLoadModel:
                                  "precision); needs pip install bitsandbytes"}),
                 "offload": (list(OFFLOADS), {"default": "none", "tooltip": "auto: layers that do not fit in the "
                             "free VRAM wait on the CPU (accelerate; slower, CUDA only)"}),
+                "compile": (list(COMPILE_MODES), {"default": "off", "tooltip": (
+                    "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
+                    "GPU; the first image of each window size compiles, slow; then faster steps)")}),
             },
         }
 
-    def load(self, model, dtype="auto", device="auto", quantization="none", offload="none"):
+    def load(self, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
         import torch
 
         if dtype not in DTYPES:
@@ -64,7 +68,8 @@ class SSDLoadModel:
         _comfy.make_room(_comfy.weights_bytes(path), dev)
         try:
             loaded = ssd_core.load_model(path, dtype=dtype, device=dev, quantization=quantization, offload=offload,
-                                         free_bytes=_comfy.free_vram(dev) if offload == "auto" else None)
+                                         free_bytes=_comfy.free_vram(dev) if offload == "auto" else None,
+                                         compile=compile)
             patcher = _comfy.manage(loaded, dev)
         except torch.OutOfMemoryError:
             _comfy.soft_empty_cache()

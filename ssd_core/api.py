@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub, memory
+from . import hub, memory, static_cache, threads
 from .decoders import make_policy
 from .engine import decode_batch
 from .errors import SSDError
@@ -35,20 +35,23 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
                family: str | None = None, download: str | bool | None = None, quantization: str = "none",
-               offload: str = "none", free_bytes: int | None = None, **kwargs):
+               offload: str = "none", free_bytes: int | None = None, compile: str | bool = "off", **kwargs):
     """A model folder (or 'reference', the bundled model) -> a GridModel of its family.
 
     `family` skips detection; with `download` (True = the family's default repo id, or a repo id) a folder
     without files is fetched first. Nothing touches the network otherwise. quantization none / 8-bit / 4-bit
-    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py.
+    (bitsandbytes) and offload none / auto (accelerate, `free_bytes` of VRAM to use): see memory.py. `compile`:
+    'off' (DynamicCache), 'static' (static KV cache, eager), 'compiled' (that cache + torch.compile; True): see
+    static_cache.py.
     """
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
     memory.check_choice(quantization, offload)
+    mode = static_cache.parse_mode(compile)
     cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
     kwargs.update(memory.placement(cls.family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
-    return cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs)
+    return static_cache.enable(cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs), mode)
 
 
 def load_heads(name_or_path: str | Path, model) -> DraftHeads:
@@ -113,6 +116,6 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     if heads is not None:
         heads.check_model(model)
     prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
-    with torch.no_grad():
+    with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
         done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step, should_cancel, score)
     return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace) for _, trace in done]

@@ -68,7 +68,8 @@ def prompts_for(model, n: int, given) -> list:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
+def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
+    """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
         raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
     variants = _variants(o)
@@ -85,7 +86,8 @@ def run_bench(model, heads, o: BenchOptions, log=print) -> dict:
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
-                         grid=o.grid, decode_pixels=out_dir is not None)
+                         grid=o.grid, decode_pixels=out_dir is not None,
+                         on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None

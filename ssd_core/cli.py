@@ -9,6 +9,7 @@ from pathlib import Path
 from .decoders import DECODERS, PARAMS, needs_heads
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
+from .static_cache import MODES
 from .trace import parse_grid, status_image
 
 
@@ -20,6 +21,9 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
                    help="8-bit / 4-bit (NF4) weights through bitsandbytes; the image head stays full precision")
     p.add_argument("--offload", default="none", choices=list(OFFLOADS),
                    help="auto: the layers that do not fit in the GPU's free memory wait on the CPU (accelerate)")
+    p.add_argument("--compile", nargs="?", const="compiled", default="off", choices=MODES,
+                   help="static KV cache (static) and torch.compile of the verify forward (compiled, the value "
+                   "of a bare --compile; CUDA graphs on a GPU); default off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class", dest="prompt", default=None, help="class id or name (class-conditional models)")
     p.add_argument("--prompt", dest="prompt", help="text prompt (text-to-image models)")
@@ -37,7 +41,8 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from . import load_heads, load_model
 
-    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload)
+    model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
+                       compile=args.compile)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None

@@ -155,4 +155,9 @@ class GridModel:
         return self.head_logits(self.final_norm()(features)).float()
 
     def start(self, prompt: Prompt) -> Session:
+        static = getattr(self, "static", None)  # set by static_cache.enable (the loaders' compile option)
+        if static is not None:
+            from ..static_cache import StaticSession
+
+            return StaticSession(self, prompt, static)
         return Session(self, prompt)

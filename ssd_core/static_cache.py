@@ -1,0 +1,207 @@
+"""A static KV cache and a compiled verify forward (the GPU path; also runs eagerly on the CPU).
+
+The cache is preallocated once per (streams, capacity) and reused by every generation of the model: keys of
+[prompt ; slots] sit at fixed positions, "crop" only moves the valid length, and the mask hides every key
+past it. A window of n slots is padded to the next bucket (BUCKETS), so a compiled forward sees a handful
+of shapes and, on a GPU, replays one CUDA graph per bucket (torch.compile mode "reduce-overhead"). Padded
+queries read and write only keys past the valid length, which the next step overwrites.
+
+Turned on per model: `enable(model, mode)` (load_model's `compile`, the CLI's `--compile`, the loader node). transformers 5 moves the
+write position with the cache's own length counter; 4.57 takes `cache_position`: both are handled here.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import SSDError
+from .session import Prompt, cache_kwarg
+
+BUCKETS = (1, 8, 16, 32, 64, 128)  # padded window lengths: one compiled graph each
+MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
+
+
+@dataclass
+class StaticOptions:
+    """What `enable` stores on a model: whether steps are compiled, and the reused caches and step functions."""
+
+    compiled: bool
+    slots: int  # the most slots a layout of the model has (the cache's capacity beyond the prompt)
+    buckets: tuple[int, ...] = BUCKETS
+    backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
+    pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
+
+
+def parse_mode(mode: str | bool | None) -> str:
+    """'off' / 'static' / 'compiled'; a bool or None: True = 'compiled', False / None = 'off'."""
+    if mode is None or isinstance(mode, bool):
+        return "compiled" if mode else "off"
+    if mode not in MODES:
+        raise SSDError(f"compile mode {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] = BUCKETS, backend: str = "inductor"):
+    """Make `model.start` hand out static-cache sessions: mode 'static' (eager), 'compiled', 'off' (or a bool:
+    True = compiled). Returns the model."""
+    mode = parse_mode(mode)
+    if mode == "off":
+        model.static = None
+        return model
+    features_backbone(model)  # refuses a family whose final norm it cannot bypass, before any generation
+    slots = max(model.layout(g).num_slots for g in model.grid_options())
+    model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(buckets)), backend)
+    return model
+
+
+def mode_of(model) -> str:
+    opts = getattr(model, "static", None)
+    return "off" if opts is None else ("compiled" if opts.compiled else "static")
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket holding n slots (None: longer than every bucket, run eagerly at its own length)."""
+    return next((b for b in buckets if b >= n), None)
+
+
+def features_backbone(model) -> torch.nn.Module:
+    """The backbone with its final norm replaced by Identity (shared weights): its output is the pre-norm
+    features, with no hook (hooks and compiled graphs do not mix)."""
+    backbone, norm = model.backbone(), model.final_norm()
+    name = next((n for n, m in backbone.named_children() if m is norm), None)
+    if name is None:
+        raise SSDError(f"{model.family} model: its final norm is not a direct child of its backbone, so the static "
+                       "cache cannot read the pre-norm features; load it with compile 'off'")
+    twin = copy.copy(backbone)
+    twin._modules = dict(backbone._modules)
+    twin._modules[name] = torch.nn.Identity()
+    return twin
+
+
+def _new_cache(model, capacity: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.backbone().config, max_cache_len=capacity)  # same call in 4.57 and 5.x
+
+
+def _step_function(model, cache, backend: str | None):
+    """(embeds [B, n, d], mask [B, 1, n, C], positions [B, n], cache positions [n]) -> pre-norm features."""
+    twin = features_backbone(model)
+    kw = cache_kwarg(model.backbone())
+    takes_position = "cache_position" in inspect.signature(model.backbone().forward).parameters
+
+    def step(embeds, mask, positions, cache_positions):
+        extra = {"cache_position": cache_positions} if takes_position else {}
+        out = twin(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{kw: cache}, **extra)
+        return out.last_hidden_state
+
+    if backend is None:
+        return step
+    # every (streams, capacity) x bucket is one more compiled entry of this one function
+    if getattr(torch._dynamo.config, "recompile_limit", 64) < 64:
+        torch._dynamo.config.recompile_limit = 64
+    cudagraphs = model.device.type == "cuda" and backend == "inductor"
+    return torch.compile(step, backend=backend, mode="reduce-overhead" if cudagraphs else None, dynamic=False)
+
+
+def _set_length(cache, length: int) -> None:
+    """Put the write position of every layer at `length` (transformers 5 keeps it in the cache)."""
+    for layer in getattr(cache, "layers", []):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(length)
+        elif counter is not None:
+            layer.cumulative_length = length
+
+
+class StaticSession:
+    """Session (session.py) over a preallocated static cache: same interface (forward, crop, cached,
+    last_features, cache_tensors), masks over the whole capacity, windows padded to buckets."""
+
+    def __init__(self, model, prompt: Prompt, opts: StaticOptions):
+        self.m, self.opts = model, opts
+        dev = model.device
+        self.prompt_mask = prompt.mask.to(dev)
+        self.batch, self.prompt_len = prompt.ids.shape
+        self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
+        need = self.prompt_len + opts.slots + max(opts.buckets)
+        self.capacity = -(-need // 64) * 64  # rounded, so that prompts of nearby lengths share a cache
+        key = (self.batch, self.capacity)
+        if key not in opts.pool:
+            cache = _new_cache(model, self.capacity)
+            opts.pool[key] = (cache, _step_function(model, cache, None),
+                              _step_function(model, cache, opts.backend) if opts.compiled else None)
+        self.cache, self._eager, self._compiled = opts.pool[key]
+        self.cached = 0
+        pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        keys = torch.arange(self.capacity, device=dev)
+        causal = keys[None, :] <= torch.arange(self.prompt_len, device=dev)[:, None]  # [P, C]
+        allowed = causal[None] & torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))[:, None]
+        feats = self._step(self.m.embed(prompt.ids.to(dev)), allowed, pos, 0, compiled=False)
+        self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
+
+    def _step(self, embeds, allowed, pos, start: int, compiled: bool) -> torch.Tensor:
+        """One forward writing keys at [start, start + n): allowed [B, n, C] bool -> features [B, n, d]."""
+        dtype = self.m.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        cache_positions = start + torch.arange(embeds.shape[1], device=embeds.device)
+        _set_length(self.cache, start)
+        with torch.no_grad():
+            if compiled:
+                if self.m.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                return self._compiled(embeds, mask[:, None], pos, cache_positions).clone()
+            return self._eager(embeds, mask[:, None], pos, cache_positions)
+
+    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
+        n = slot_ids.shape[-1]
+        dev = self.m.device
+        ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)
+        size = bucket(n, self.opts.buckets) if self._compiled is not None else None
+        width = size or n
+        if width > n:  # padded queries repeat the last id; their keys land past the valid length
+            ids = torch.cat([ids, ids[:, -1:].expand(self.batch, width - n)], dim=1)
+        start = self.prompt_len + self.cached
+        if start + width > self.capacity:
+            raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
+                           "load the model with compile 'off'")
+        pos = self.real_len[:, None] + self.cached + torch.arange(width, device=dev)[None]
+        feats = self._step(self.m.embed(ids), self._allowed(width, visible), pos, start, compiled=size is not None)
+        self.cached += n
+        return feats[:, :n]
+
+    def _allowed(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
+        """[B, width, C] bool: real prompt keys, cached slots, the causal (and visible) window; nothing later.
+
+        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself)."""
+        dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
+        keys = torch.arange(self.capacity, device=dev)
+        queries = torch.arange(width, device=dev)[:, None]
+        offset = keys[None, :] - start  # [1, C] window index of a key
+        window = ((offset >= 0) & (offset <= queries))[None]  # [1, width, C]
+        if visible is not None:  # keys of invisible window slots are hidden from every other query
+            visible = visible.to(dev).view(-1, visible.shape[-1])  # [1 or B, n]
+            shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
+            shown[:, :visible.shape[1]] = visible
+            window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
+        past = ((keys >= P) & (keys < start))[None, None]  # [1, 1, C]
+        prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
+        return prompt[:, None, :] | window | past
+
+    def crop(self, slots: int) -> None:
+        """Keep the prompt and the first `slots` slots: only the valid length moves."""
+        self.cached = min(self.cached, slots)
+
+    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The valid keys and values of every layer ([B, heads, prompt + cached, head_dim])."""
+        n = self.prompt_len + self.cached
+        layers = getattr(self.cache, "layers", None)
+        if layers is not None:
+            return [(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in layers]
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.cache.key_cache, self.cache.value_cache)]
