@@ -34,11 +34,11 @@ test: install
 # the engine tests under transformers 4.57 (the other supported major version)
 test-engine-457:
 	$(PYTHON) -m venv .venv457
-	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest
+	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
-		tests/test_static_cache.py tests/test_bench_gpu.py
+		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (4 copies each)
 # plus HEADS_SAMPLES self-distilled grids, the last 32 of them held out; features stored in build/heads/

@@ -45,6 +45,20 @@ class TrainConfig:
     intermediate: int | None = None
     max_steps: int | None = None  # stop after this many optimiser steps (None: every epoch)
 
+    def __post_init__(self):  # every value checked before any grid is sampled
+        from .errors import SSDError
+
+        for name, low in (("samples", 1), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
+        if self.samples + self.heldout < 2:
+            raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
+        if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
+            raise SSDError(f"train-heads ce_weight must be a number >= 0, got {self.ce_weight}")
+
 
 def sample_prompts(model, n: int, rng: random.Random) -> list:
     if model.class_names is not None or hasattr(model, "class_id"):

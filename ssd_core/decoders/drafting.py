@@ -36,14 +36,14 @@ def draft(run: Run, target: int, pick) -> None:
                 pred = heads.vertical(run.features[:, above], _embed(run, above))  # [B, n, d] -> h of `slots`
             run.head_calls += 1
             prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots), slots)
+            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots)
             run.set_tokens(slots, codes)
             run.features[:, slots] = pred
         else:  # horizontal chain, one slot at a time
             for t in slots.tolist():
                 one = torch.tensor([t])
                 prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one), one)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), one)
                 run.set_tokens(one, code)
                 with torch.no_grad():
                     run.features[:, t] = heads.horizontal(prev, _embed(run, one)[0])
