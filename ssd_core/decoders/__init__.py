@@ -25,7 +25,7 @@ class Param:
     help: str
 
     def check(self, name: str, value) -> None:
-        if value is None and self.default is None:
+        if value is None:  # None: the decoder's default
             return
         if int(value) != value or value < self.low or (self.high is not None and value > self.high):
             limit = f"from {self.low} to {self.high}" if self.high is not None else f">= {self.low}"
