@@ -11,6 +11,7 @@ import torch
 from .api import generate
 from .errors import SSDError
 from .trace import finite_or_none
+from .yardstick import bench_rows, for_model
 
 
 def _variants(args) -> list[tuple[str, str, int]]:
@@ -43,6 +44,7 @@ def run_bench(model, heads, args, log=print) -> dict:
     seeds = [args.seed + i for i in range(args.images)]
     results: dict[str, list] = {label: [] for label, _, _ in variants}
     out_dir = Path(args.out_dir) if getattr(args, "out_dir", None) else None
+    stick = for_model(model)  # the image-quality yardstick (class accuracy, FD), bundled model only
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, rounds in variants:
             if decoder in ("ssd", "ssd-exact") and heads is None:
@@ -51,7 +53,7 @@ def run_bench(model, heads, args, log=print) -> dict:
                          negative_prompt=args.negative_prompt, decoder=decoder, seed=seed, cfg=args.cfg,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          draft_rows=args.draft_rows, verify_rounds=rounds, window=args.window,
-                         grid=_grid(args.grid), decode_pixels=out_dir is not None)
+                         grid=_grid(args.grid), decode_pixels=out_dir is not None or stick is not None)
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
     ar = results["ar"]
@@ -83,6 +85,10 @@ def run_bench(model, heads, args, log=print) -> dict:
         })
     report = {"model": str(args.model), "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
+    if stick is not None:
+        quality, report["yardstick"] = bench_rows(stick, model, prompts, {k: [r.image for r in v] for k, v in results.items()})
+        for row in rows:
+            row.update(quality[row["decoder"]])
     if getattr(args, "verify_cost", False):
         report["verify_cost"] = verify_cost(model, prompts[0], args)
     print_table(report, log)
@@ -96,14 +102,19 @@ def run_bench(model, heads, args, log=print) -> dict:
 
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'cls acc':>9}{'fd':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
-            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}  {ident}")
+            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_opt(r.get('class_acc'), 100, 1):>8}%"
+            f"{_opt(r.get('fd'), 1, 3):>8}  {ident}")
+    if "yardstick" in report:
+        y, n = report["yardstick"], report["images"]
+        log(f"yardstick v{y['version']}: real held-out glyphs {y['real_acc'] * 100:.1f}% class accuracy; real_fd "
+            f"{y['real_fd']:.3f} (all training glyphs), {y[f'real_fd_at_{n}']:.3f} ({n} training glyphs)")
     if "verify_cost" in report:
         log("verify forward cost relative to a 1-token forward: " +
             ", ".join(f"{k} tokens {v:.2f}x" for k, v in report["verify_cost"].items()))
@@ -178,3 +189,7 @@ def labelled(image, text: str, width: int = 84):
 
 def _num(value, scale: float) -> str:
     return "inf" if value is None else f"{value * scale:.{4 if scale == 1 else 2}f}"
+
+
+def _opt(value, scale: float, digits: int) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
