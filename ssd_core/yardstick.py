@@ -176,8 +176,8 @@ def for_model(model) -> Yardstick | None:
     the same class names), else None: other models have no yardstick."""
     folder = getattr(model, "folder", None)
     path = Path(folder) / "yardstick.safetensors" if folder is not None else None
-    if path is None or not path.is_file():
-        return None
+    if path is None or not path.is_file() or not getattr(model, "spec", {}).get("vq_decoder"):
+        return None  # no yardstick, or no pixels to judge
     stick = load_yardstick(path)
     return stick if list(stick.class_names) == list(getattr(model, "class_names", None) or []) else None
 
