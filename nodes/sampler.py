@@ -101,7 +101,7 @@ class SSDSampler:
         return {
             "required": {
                 "ssd_model": ("SSD_MODEL",),
-                "prompt": ("STRING", {"multiline": True, "default": "cat",
+                "prompt": ("STRING", {"multiline": True, "default": "face",
                            "tooltip": "text; for class-conditional models (the reference) a class name or index"}),
                 "negative_prompt": ("STRING", {"multiline": True, "default": "",
                                     "tooltip": "only for families with negative prompts (janus, emu3, lumina)"}),
@@ -125,7 +125,7 @@ class SSDSampler:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def sample(self, ssd_model, prompt="cat", negative_prompt="", seed=0, cfg=AUTO, temperature=AUTO,
+    def sample(self, ssd_model, prompt="face", negative_prompt="", seed=0, cfg=AUTO, temperature=AUTO,
                top_k=AUTO, top_p=AUTO, decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto",
                unique_id=None):
         if not isinstance(ssd_model, SSDModel):

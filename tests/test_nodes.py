@@ -77,7 +77,7 @@ SMALL = "12x12"  # a smaller grid for the checks that do not need the model's fu
 
 
 def run(model, **kw):
-    args = dict(prompt="cat", negative_prompt="", seed=7, cfg=-1, temperature=-1, top_k=-1, top_p=-1,
+    args = dict(prompt="face", negative_prompt="", seed=7, cfg=-1, temperature=-1, top_k=-1, top_p=-1,
                 decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto", unique_id="7")
     args.update(kw)
     return nodes.SSDSampler().sample(model, **args)

@@ -48,7 +48,7 @@ def test_real_heldout_glyphs_are_recognised(stick, heldout_images):
     if raw_labels is not None:  # the rendered glyphs themselves
         assert float((stick.classify(raw) == raw_labels.long()).float().mean()) >= 0.75
     s = stick.score(images, labels)
-    assert s["class_acc"] == pytest.approx(acc)
+    assert s["class_acc"] == pytest.approx(acc, abs=1e-4)  # rounded to 4 digits
     assert s["fd"] < 4 * stick.real_fd(len(images))  # close to real glyphs, at the same sample size
 
 
