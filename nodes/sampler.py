@@ -95,7 +95,7 @@ class SSDSampler:
         return {
             "required": {
                 "ssd_model": ("SSD_MODEL",),
-                "prompt": ("STRING", {"multiline": True, "default": "cat",
+                "prompt": ("STRING", {"multiline": True, "default": "face",
                            "tooltip": "text; for class-conditional models (the reference) a class name or index"}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True}),
                 "cfg": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 100.0, "step": 0.1, "round": 0.01,
@@ -126,7 +126,7 @@ class SSDSampler:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    def sample(self, ssd_model, prompt="cat", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
+    def sample(self, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
                negative_prompt="", batch_size=1, unique_id=None):
         if not isinstance(ssd_model, SSDModel):

@@ -103,6 +103,72 @@ def categorize(name: str) -> int | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------------
+# Data set version 2: fewer, clearer classes (what ships). Built from the version-1 glyphs and split
+# (the same held-out glyphs, so the VQ and the v1 model never saw them): each v1 class maps to a v2
+# class or is dropped; name substrings move or drop single glyphs first. Dropped: the v1 classes
+# "tool & object" (but its clock faces), "sport & game", "music & art" and "clothes", a miscellany
+# no classifier (or person) can tell apart from a 96x96 picture.
+# ------------------------------------------------------------------------------------------------
+DATA_VERSION = 2
+V2_CLASSES = ["face", "heart", "hand", "person", "animal", "plant", "food", "vehicle", "building", "clock", "sky"]
+V2_FROM_V1 = {"face": "face", "heart": "heart", "hand": "hand", "person": "person", "cat": "animal",
+              "dog": "animal", "animal": "animal", "bird": "animal", "sea life": "animal", "bug": "animal",
+              "flower": "plant", "plant": "plant", "fruit & veg": "food", "food": "food",
+              "drink": "food", "vehicle": "vehicle", "building": "building", "weather & sky": "sky"}
+# (whole words of the unicode name, v2 class or None to drop), checked in order before V2_FROM_V1
+V2_OVERRIDES: list[tuple[str, str | None]] = [
+    ("CLOCK FACE", "clock"), ("MOON CAKE", "food"), ("MOON VIEWING", None), ("MOON", "sky"),
+    ("SUN WITH FACE", "sky"), ("WIND BLOWING FACE", "sky"), ("WIND CHIME", None), ("GESTURE", "person"),
+    ("POUTING FACE", "person"), ("FACE PALM", "person"), ("FACE MASSAGE", "person"), ("HAPPY PERSON", "person"),
+    ("POLICE CAR", "vehicle"), ("EAR OF MAIZE", "food"), ("HEART HANDS", "hand"),
+    ("SMILING FACE WITH HEART-SHAPED EYES", "face"), ("SMILING FACE WITH SMILING EYES AND THREE HEARTS", "face"),
+    ("CAT FACE", "animal"), ("CAROUSEL", None), ("SPIDER WEB", None), ("HOT SPRINGS", None), ("DAGGER", None),
+    ("ALIEN", None), ("OGRE", None), ("GOBLIN", None), ("SKULL", None), ("ROBOT", None), ("CLOWN", None),
+    ("DOTTED", None), ("COUPLE", None), ("ANATOMICAL", None), ("BUST", None), ("BUSTS", None),
+    ("SPEAKING", None), ("SPEAKER", None), ("HEARING", None), ("MECHANICAL", None), ("SEAT", None),
+    ("FUEL", None), ("WHEEL", None), ("ANCHOR", None), ("PARACHUTE", None), ("BUOY", None), ("TRAFFIC", None),
+    ("STATION", None), ("STOP", None), ("TRACK", None), ("COASTER", None), ("SKATE", None),
+    ("MAP", None), ("GLOBE", None), ("SILHOUETTE", None), ("ROCK", None), ("BRICK", None), ("BARBER", None),
+    ("FOGGY", None), ("NIGHT", None), ("SUNRISE", None), ("SUNSET", None), ("DUSK", None), ("MILKY", None),
+    ("MOUNTAIN", None), ("VOLCANO", None), ("FUJI", None), ("CAMPING", None), ("BEACH", None),
+    ("DESERT", None), ("PARK", None), ("THERMOMETER", None), ("HOLE", None), ("DIZZY", None), ("PAW", None),
+    ("FEATHER", None), ("NEST", None), ("WOOD", None), ("DAVID", None), ("CRESCENT", None),
+    ("SIX POINTED", None), ("CLOSET", None), ("EXTINGUISHER", None),
+]
+# body parts (v1 "person") are dropped by their exact name
+V2_DROP_NAMES = {"EYES", "EYE", "EAR", "NOSE", "MOUTH", "TONGUE", "BONE", "LEG", "FOOT", "TOOTH", "BRAIN",
+                 "ANATOMICAL HEART", "LUNGS"}
+
+
+def categorize_v2(name: str, v1_class: str) -> int | None:
+    if name in V2_DROP_NAMES:
+        return None
+    for key, cls in V2_OVERRIDES:
+        if f" {key} " in f" {name} ":
+            return None if cls is None else V2_CLASSES.index(cls)
+    cls = V2_FROM_V1.get(v1_class)
+    return None if cls is None else V2_CLASSES.index(cls)
+
+
+def build_dataset_v2(cache_v1: str | None = None, verbose: bool = True) -> dict:
+    """Data set version 2 from version 1 (same glyphs, renders and held-out split; v2 classes)."""
+    ds = build_dataset(cache_v1, verbose=False)
+    v1_names = ds["class_names"]
+    labels = [categorize_v2(n, v1_names[int(l)]) for n, l in zip(ds["names"], ds["labels"])]
+    keep = np.array([l is not None for l in labels])
+    out = {"images": ds["images"][keep], "labels": np.array([l for l in labels if l is not None], np.int64),
+           "chars": [c for c, k in zip(ds["chars"], keep) if k], "names": [n for n, k in zip(ds["names"], keep) if k],
+           "class_names": list(V2_CLASSES), "heldout": ds["heldout"][keep]}
+    if verbose:
+        counts = np.bincount(out["labels"], minlength=len(V2_CLASSES))
+        ho = np.bincount(out["labels"][out["heldout"]], minlength=len(V2_CLASSES))
+        print(f"[data v2] {len(out['labels'])} glyphs, {out['heldout'].sum()} held out")
+        for name, c, h in zip(V2_CLASSES, counts, ho):
+            print(f"[data v2]   {name:14s} {c:4d} ({h} held out)")
+    return out
+
+
 _FONT = None
 
 

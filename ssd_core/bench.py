@@ -13,6 +13,7 @@ from .api import MAX_BATCH, generate, generate_batch
 from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
+from .yardstick import bench_rows, for_model
 
 
 SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p")
@@ -90,6 +91,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     seeds = [o.seed + i for i in range(o.images)]
     results: dict[str, list] = {label: [] for label, _, _ in variants}
     out_dir = Path(o.out_dir) if o.out_dir else None
+    stick = for_model(model)  # the image-quality yardstick (class accuracy, FD), bundled model only
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         for label, decoder, params in variants:
             drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
@@ -99,7 +101,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                          draft_rows=o.draft_rows, window=o.window, **params,
-                         grid=o.grid, decode_pixels=out_dir is not None,
+                         grid=o.grid, decode_pixels=out_dir is not None or stick is not None,
                          on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
@@ -146,6 +148,10 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
             "single_images_per_s": {label: round(len(results[label]) / sum(r.trace.timings["wall"] for r in results[label]), 4)
                                     for label in batched},
         }
+    if stick is not None:
+        quality, report["yardstick"] = bench_rows(stick, model, prompts, {k: [r.image for r in v] for k, v in results.items()})
+        for row in rows:
+            row.update(quality[row["decoder"]])
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
@@ -200,7 +206,7 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
 
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}{'cls acc':>9}{'fd':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
@@ -208,7 +214,12 @@ def print_table(report: dict, log=print) -> None:
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
-            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%  {ident}")
+            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%"
+            f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}  {ident}")
+    if "yardstick" in report:
+        y, n = report["yardstick"], report["images"]
+        log(f"yardstick v{y['version']}: real held-out glyphs {y['real_acc'] * 100:.1f}% class accuracy; real_fd "
+            f"{y['real_fd']:.3f} (all training glyphs), {y[f'real_fd_at_{n}']:.3f} ({n} training glyphs)")
     if "batch" in report:
         b = report["batch"]
         log(f"images/s in batches of {b['n']} vs one at a time: " + ", ".join(

@@ -200,7 +200,7 @@ def api_workflow(name="ssd_reference_ar_vs_ssd"):
 SMALL_GRID = "8x8 (32x32 px, 1:1) reference"  # an entry of the sampler's grid list
 
 
-def small_prompt(seed=7, grid=SMALL_GRID, decoder="ssd", heads="reference", prompt="cat"):
+def small_prompt(seed=7, grid=SMALL_GRID, decoder="ssd", heads="reference", prompt="face"):
     """Loader -> heads -> one sampler on a small grid (the sampler is an output node): a cheap run."""
     wf = api_workflow()
     small = {k: wf[k] for k in ("1", "2", "4")}
@@ -361,7 +361,7 @@ def test_bad_prompt_message_reaches_the_error_dialog(server):
     errors = [m["data"] for m in msgs if m["type"] == "execution_error"]
     assert errors and errors[0]["node_type"] == "SSDSampler" and errors[0]["node_id"] == "4"
     assert "is not a class of this model" in errors[0]["exception_message"]
-    assert "cat" in errors[0]["exception_message"]
+    assert "face" in errors[0]["exception_message"]
 
 
 def test_missing_model_folder_is_refused_before_running(server):

@@ -43,19 +43,26 @@ def test_ssd_model_json(meta, model):
     assert KEYS <= set(meta)
     assert meta["family"] == "llama-grid"
     assert meta["grid"] == [24, 24]
-    assert meta["image_token_start"] == 0 and meta["row_end_token"] is None
     C = meta["num_classes"]
+    assert meta["data_version"] == 2 and C == 11 and meta["class_names"][:3] == ["face", "heart", "hand"]
     assert len(meta["class_names"]) == C
+    assert meta["image_token_start"] == 0
     assert meta["class_token_start"] == meta["image_vocab_size"]
     assert meta["null_class_token"] == meta["image_vocab_size"] + C
-    assert model.config.vocab_size >= meta["null_class_token"] + 1
-    assert model.config.max_position_embeddings >= 1 + 24 * 24
+    assert meta["row_end_token"] == meta["null_class_token"] + 1  # v2: one after every row (no stripes)
+    assert model.config.vocab_size >= meta["row_end_token"] + 1
+    assert model.config.max_position_embeddings >= 1 + 24 * 25
     assert model.config.model_type == "llama"
 
 
-def test_sizes():
+def test_sizes_and_fp16():
+    from safetensors import safe_open
     total = sum(os.path.getsize(os.path.join(MODEL, f)) for f in os.listdir(MODEL))
-    assert total < 22e6, total
+    assert total < 25e6, total
+    for name in ("model.safetensors", "vq.safetensors", "yardstick.safetensors", "heads.safetensors"):
+        with safe_open(os.path.join(MODEL, name), framework="pt") as f:
+            dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+        assert "F32" not in dtypes or name == "heads.safetensors", (name, dtypes)
     assert os.path.getsize(HELDOUT) < 1e6
 
 
@@ -87,9 +94,14 @@ def test_vq_reconstruction(vq, heldout):
 def test_heldout_nll(model, meta, heldout):
     t, md = heldout
     toks, labs = t["tokens"].long(), t["labels"].long()
-    seq = torch.cat([(meta["class_token_start"] + labs)[:, None], toks.view(len(toks), -1)], dim=1)
+    N, H, W = toks.shape
+    rows = torch.cat([toks, torch.full((N, H, 1), meta["row_end_token"])], dim=2).view(N, -1)  # row-end after each row
+    seq = torch.cat([(meta["class_token_start"] + labs)[:, None], rows], dim=1)
     with torch.no_grad():
         logits = model(input_ids=seq[:, :-1]).logits.float()
-    nll = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1)))
+    is_image = seq[0, 1:] < meta["image_vocab_size"]  # the row-end tokens are forced, no targets
+    assert int(is_image.sum()) == H * W
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1), reduction="none")
+    nll = float(ce.view(N, -1)[:, is_image].mean())
     assert nll <= float(md["nll"]) + 0.02, (nll, md["nll"])
     assert nll < 0.8 * torch.log(torch.tensor(float(meta["image_vocab_size"]))).item()  # far below uniform

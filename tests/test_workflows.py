@@ -130,7 +130,7 @@ def test_reference_workflow_runs_on_install():
     types = {n["class_type"] for n in api.values()}
     assert types <= {"SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"} | set(CORE_WIDGETS)
     decoders = sorted(n["inputs"]["decoder"] for n in api.values() if n["class_type"] == "SSDSampler")
-    assert decoders == ["ar", "ssd"]
+    assert decoders == ["ar", "ssd", "ssd-exact"]  # side by side: plain, exact (same image), lossy
     for n in api.values():
         if n["class_type"] == "SSDLoadModel":
             assert n["inputs"]["model"] == "reference"
