@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 4
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny weights-table gpu-memory
+.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny heads weights-table gpu-memory
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,23 @@ test: install
 # the engine tests under transformers 4.57 (the other supported major version)
 test-engine-457:
 	$(PYTHON) -m venv .venv457
-	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest
+	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
-		tests/test_static_cache.py tests/test_bench_gpu.py
+		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py
+
+# the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (4 copies each)
+# plus HEADS_SAMPLES self-distilled grids, the last 32 of them held out; features stored in build/heads/
+HEADS_SAMPLES ?= 1024
+HEADS_STEPS ?= 3000
+heads: install
+	mkdir -p build/heads
+	$(PY) -m reference_recipe.grids --model ssd_core/reference/model --out build/heads/data_grids.safetensors \
+		--copies 4 --cache build/heads/emoji.npz
+	$(PY) -m ssd_core train-heads --model reference --grids build/heads/data_grids.safetensors \
+		--samples $(HEADS_SAMPLES) --heldout 32 --gen-batch 32 --batch 16 --epochs 100 --max-steps $(HEADS_STEPS) \
+		--features build/heads/features.safetensors --out build/heads/heads.safetensors
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
 weights-table: install

@@ -26,8 +26,13 @@ def resolve_prompt(model, text):
     return text if names is None else class_index(names, text)
 
 
-def _auto(value, cast):
-    return None if value is None or value < 0 else cast(value)
+def _auto(value, cast, name):
+    """-1 (AUTO) = the model's default; any other negative value is refused, never silently replaced."""
+    if value is None or value == AUTO:
+        return None
+    if value < 0:
+        raise SSDError(f"{name} {value} is negative: set -1 for the model's default, or a value >= 0.")
+    return cast(value)
 
 
 def _to_image(img):
@@ -141,10 +146,10 @@ class SSDSampler:
             negative_prompt=negative_prompt or "",
             decoder=decoder,
             seed=int(seed),
-            cfg=_auto(cfg, float),
-            temperature=_auto(temperature, float),
-            top_k=_auto(top_k, int),
-            top_p=_auto(top_p, float),
+            cfg=_auto(cfg, float, "cfg"),
+            temperature=_auto(temperature, float, "temperature"),
+            top_k=_auto(top_k, int, "top_k"),
+            top_p=_auto(top_p, float, "top_p"),
             draft_rows=int(draft_rows),
             verify_rounds=int(verify_rounds),
             grid=grids.parse(grid, getattr(model, "family", "")),

@@ -33,6 +33,32 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
     return hub.parse_dtype(dtype)
 
 
+def check_device(device) -> torch.device | None:
+    """A device name or torch.device this machine has, else an SSDError saying which ones it has."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise SSDError(f"unknown device {str(device)[:40]!r}: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SSDError(f"device {device} was asked for but torch sees no CUDA GPU on this machine: use device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SSDError(f"device {device} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                       f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise SSDError(f"device {device} was asked for but torch sees no Apple GPU (MPS) here: use device cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise SSDError(f"device {device} is not supported: use cpu, cuda, cuda:N or mps")
+    return dev
+
+
+def check_negative_prompt(model, negative_prompt) -> None:
+    """Refuse a negative prompt for a model that would silently ignore it."""
+    if negative_prompt and str(negative_prompt).strip() and not getattr(model, "negative_prompts", False):
+        raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: leave it empty")
+
+
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
                family: str | None = None, download: str | bool | None = None, quantization: str = "none",
                offload: str = "none", free_bytes: int | None = None, compile: str | bool = "off", **kwargs):
@@ -44,6 +70,7 @@ def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto
     'off' (DynamicCache), 'static' (static KV cache, eager), 'compiled' (that cache + torch.compile; True): see
     static_cache.py.
     """
+    check_device(device)
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")
@@ -71,12 +98,15 @@ class Result:
 
 def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None,
+             top_p: float | None = None, draft_rows: int | None = None, verify_rounds: int | None = None,
+             window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
              grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
-    """Generate one image. Sampler values left as None take the model's defaults; draft_rows 0 the decoder's."""
+    """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
+    None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
     return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
                           decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
-                          draft_rows=draft_rows, verify_rounds=verify_rounds, window=window, grid=grid,
+                          draft_rows=draft_rows, verify_rounds=verify_rounds, window=window,
+                          stable_first_row=stable_first_row, adaptive_percent=adaptive_percent, grid=grid,
                           on_step=on_step, should_cancel=should_cancel, decode_pixels=decode_pixels, score=score)[0]
 
 
@@ -86,7 +116,8 @@ MAX_BATCH = 64
 def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed: int = 0, batch_size: int | None = None,
                    negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                   draft_rows: int = 0, verify_rounds: int = 2, window: int | None = None, grid=None, on_step=None,
+                   draft_rows: int | None = 0, verify_rounds: int | None = None, window: int | None = None,
+                   stable_first_row: int | None = None, adaptive_percent: int | None = None, grid=None, on_step=None,
                    should_cancel=None, decode_pixels: bool = True, score: bool = True) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
@@ -111,7 +142,9 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
         temperature=float(d.get("temperature", 1.0) if temperature is None else temperature),
         top_k=d.get("top_k", 0) if top_k is None else top_k,
         top_p=float(d.get("top_p", 1.0) if top_p is None else top_p)) for s in seeds]
-    policies = [make_policy(decoder, draft_rows, verify_rounds, window) for _ in range(n)]
+    policies = [make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent)
+                for _ in range(n)]
+    check_negative_prompt(model, negative_prompt)
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)

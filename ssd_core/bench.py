@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads
+from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
+
+
+SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p")
 
 
 @dataclass
@@ -28,9 +31,12 @@ class BenchOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
-    draft_rows: int = DRAFT_ROWS.default
+    draft_rows: int | None = None  # None: each decoder's default
     verify_rounds: int = VERIFY_ROUNDS.default
     ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at verify_rounds)
+    ssd_adaptive: tuple[int, ...] = ()  # also one ssd row per adaptive percent (per verify-round count)
+    ssd_first_row: tuple[int, ...] = ()  # ssd rows for these stable_first_row values (else the default)
+    plot: str | None = None  # PNG: steps ratio against the nll_full gap (and class accuracy), one point a row
     window: int | None = None
     grid: tuple[int, int] | None = None
     verify_cost: bool = False  # also time one verify forward per window length
@@ -43,19 +49,26 @@ class BenchOptions:
 NO_HEADS = ":noheads"  # decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
 
 
-def _variants(o: BenchOptions) -> list[tuple[str, str, int]]:
-    """(row label, decoder, verify rounds); ssd_rounds (0, 1, 2) gives one ssd row per round count; a name
+def _variants(o: BenchOptions) -> list[tuple[str, str, dict]]:
+    """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
+    each adaptive percent (ssd_adaptive, besides the fixed schedule) and stable_first_row value; a name
     ending in ':noheads' is its decoder without heads."""
     out = []
     for name in o.decoders:
         if name.endswith(NO_HEADS):
-            out.append((name, name[:-len(NO_HEADS)], o.verify_rounds))
-        elif name == "ssd" and o.ssd_rounds:
-            out += [(f"ssd r={r}", "ssd", int(r)) for r in o.ssd_rounds]
-        else:
-            out.append((name, name, o.verify_rounds))
+            out.append((name, name[:-len(NO_HEADS)], {"verify_rounds": o.verify_rounds}))
+            continue
+        if name != "ssd":
+            out.append((name, name, {"verify_rounds": o.verify_rounds}))
+            continue
+        for f in o.ssd_first_row or (None,):
+            for r in o.ssd_rounds or (o.verify_rounds,):
+                for a in (0, *o.ssd_adaptive):
+                    label = "ssd" + (f" r={r}" if o.ssd_rounds else "") + (f" a={a}" if a else "") + \
+                        (f" f={f}" if f is not None else "")
+                    out.append((label, "ssd", {"verify_rounds": int(r), "adaptive_percent": a, "stable_first_row": f}))
     if "ar" not in [v[1] for v in out]:
-        out.insert(0, ("ar", "ar", o.verify_rounds))
+        out.insert(0, ("ar", "ar", {"verify_rounds": o.verify_rounds}))
     return out
 
 
@@ -78,14 +91,14 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     results: dict[str, list] = {label: [] for label, _, _ in variants}
     out_dir = Path(o.out_dir) if o.out_dir else None
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        for label, decoder, rounds in variants:
+        for label, decoder, params in variants:
             drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
             if needs_heads(decoder) and drafter is None:
                 raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
             r = generate(model, drafter, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                         draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window,
+                         draft_rows=o.draft_rows, window=o.window, **params,
                          grid=o.grid, decode_pixels=out_dir is not None,
                          on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
@@ -122,6 +135,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
             "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
             # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
             "policy_share": round(statistics.median([r.trace.timings["policy"] / r.trace.timings["wall"] for r in runs]), 4),
+            **round0_acceptance(runs), "params": {k: v for k, v in runs[0].trace.settings.items() if k not in SAMPLER_KEYS},
         })
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
@@ -135,6 +149,11 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
+    if o.plot:
+        from .bench_plot import plot_tradeoff
+
+        plot_tradeoff(report, o.plot)
+        log(f"wrote {o.plot}")
     if out_dir is not None:
         write_pngs(results, variants, out_dir, log)
     if o.json:
@@ -143,17 +162,34 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     return report
 
 
+def round0_acceptance(runs) -> dict:
+    """Measured accepted share and expected acceptance sum min(p, q) of the round-0 checks (ssd), image means."""
+    pairs = [r.trace.acceptance_round0() for r in runs]
+    pairs = [p for p in pairs if p[0] is not None]
+    if not pairs:
+        return {"acceptance_round0": None, "expected_acceptance": None}
+    rounds: dict[str, dict] = {}
+    for r in runs:
+        for k, v in r.trace.acceptance.get("by_round", {}).items():
+            rounds.setdefault(k, {"accepted": [], "expected": []})
+            rounds[k]["accepted"].append(v["accepted"])
+            rounds[k]["expected"].append(v["expected"])
+    return {"acceptance_round0": round(statistics.mean(p[0] for p in pairs), 4),
+            "expected_acceptance": round(statistics.mean(p[1] for p in pairs), 4),
+            "acceptance_by_verify_round": {k: {m: round(statistics.mean(v[m]), 4) for m in v} for k, v in rounds.items()}}
+
+
 def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=print) -> dict:
     """Every decoder on the same images in batches of o.batch -> {label: {"results", "images_per_s"}}."""
     out = {}
-    for label, decoder, rounds in variants:
+    for label, decoder, params in variants:
         results, wall = [], 0.0
         for i in range(0, len(prompts), o.batch):
             drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
             chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
                                    seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
                                    cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                                   draft_rows=o.draft_rows, verify_rounds=rounds, window=o.window, grid=o.grid,
+                                   draft_rows=o.draft_rows, window=o.window, grid=o.grid, **params,
                                    decode_pixels=False, score=False)
             wall += max(r.trace.timings["wall"] for r in chunk)  # the batch's wall: its last image's
             results += chunk
@@ -164,14 +200,15 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
 
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'policy':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
-            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{r['policy_share'] * 100:>7.1f}%  {ident}")
+            f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
+            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%  {ident}")
     if "batch" in report:
         b = report["batch"]
         log(f"images/s in batches of {b['n']} vs one at a time: " + ", ".join(
@@ -249,5 +286,7 @@ def labelled(image, text: str, width: int = 84):
     return np.concatenate([np.asarray(pad, dtype=np.float32) / 255.0, image], axis=1)
 
 
-def _num(value, scale: float) -> str:
-    return "inf" if value is None else f"{value * scale:.{4 if scale == 1 else 2}f}"
+def _num(value, scale: float, missing: str = "inf", digits: int | None = None) -> str:
+    if value is None:
+        return missing
+    return f"{value * scale:.{digits if digits is not None else (4 if scale == 1 else 2)}f}"

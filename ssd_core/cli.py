@@ -6,11 +6,95 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS, needs_heads
+from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
 from .static_cache import MODES
 from .trace import parse_grid, status_image
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _image_extensions() -> set[str]:
+    from PIL import Image
+
+    Image.init()
+    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
+
+
+def check_output(path, flag: str, extensions=None) -> None:
+    """An output file can be written: its folder exists and its extension is one we write."""
+    if path is None:
+        return
+    path = Path(path)
+    if extensions is not None and path.suffix.lower() not in extensions:
+        common = (".png", ".jpg", ".webp", ".json", ".safetensors")
+        shown = ", ".join(sorted(extensions, key=lambda e: (e not in common, e))[:4]) + (" ..." if len(extensions) > 4 else "")
+        raise SSDError(f"{flag} {path}: the file name must end in one of {shown}")
+    if path.is_dir():
+        raise SSDError(f"{flag} {path} is a folder: give a file name")
+    if not path.parent.is_dir():
+        raise SSDError(f"{flag} {path}: the folder {path.parent} does not exist; create it first")
+
+
+def _positive(args, flag: str, low: int = 1) -> None:
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if value < low:
+        raise SSDError(f"{flag} must be at least {low}, got {value}")
+
+
+def validate(args) -> None:
+    """Every command-line value checked before a model loads or any sampling starts."""
+    from .api import check_device
+    from .sampling import SamplerSettings
+
+    check_device(args.device)
+    SamplerSettings(args.seed, 1.0 if args.cfg is None else args.cfg,
+                    1.0 if args.temperature is None else args.temperature,
+                    0 if args.top_k is None else args.top_k, 1.0 if args.top_p is None else args.top_p)
+    for name, param in PARAMS.items():
+        param.check("--" + name.replace("_", "-"), getattr(args, name))
+    args.grid = parse_grid(args.grid)
+    if args.command == "generate":
+        spec(args.decoder)
+        check_output(args.out, "--out", _image_extensions())
+        check_output(args.status_image, "--status-image", _image_extensions())
+        check_output(args.trace, "--trace", {".json"})
+    elif args.command == "bench":
+        _positive(args, "--images")
+        _positive(args, "--batch", 0)
+        if args.decoders is not None:
+            args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+            for name in args.decoders:
+                spec(name)
+        try:
+            args.ssd_rounds = tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else ()
+        except ValueError:
+            raise SSDError(f"--ssd-rounds {args.ssd_rounds!r} is not a comma list of whole numbers, e.g. 0,1,2") from None
+        for rounds in args.ssd_rounds:
+            VERIFY_ROUNDS.check("--ssd-rounds", rounds)
+        check_output(args.json, "--json", {".json"})
+        if args.out_dir is not None and Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+            raise SSDError(f"--out-dir {args.out_dir} is a file: give a folder (it is created when missing)")
+    elif args.command == "train-heads":
+        from .train import TrainConfig
+
+        check_output(args.out, "--out", {".safetensors"})
+        for one in (args.grids.split(",") if args.grids else []):
+            if not Path(one).is_file():
+                raise SSDError(f"--grids {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
+                               "and 'classes' [N]")
+        samples = args.samples if args.samples is not None else (0 if args.grids else 256)
+        args.train_config = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
+                                        ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll,
+                                        seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
+                                        max_steps=args.max_steps)
 
 
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
@@ -34,15 +118,18 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None, help="1 = off")
     for name, param in PARAMS.items():  # the decoders' parameters, their limits and defaults
         limits = f"{param.low}..{param.high}" if param.high is not None else f">= {param.low}"
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=param.default, help=f"{param.help}; {limits}")
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"{param.help}; {limits}; default: the decoder's ({param.default})")
     p.add_argument("--grid", default=None, help="token grid as HxW (default: the model's)")
 
 
 def _load(args):
     from . import load_heads, load_model
+    from .api import check_negative_prompt
 
     model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
                        compile=args.compile)
+    check_negative_prompt(model, args.negative_prompt)
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None
@@ -62,7 +149,8 @@ def cmd_generate(args) -> int:
     result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, draft_rows=args.draft_rows, verify_rounds=args.verify_rounds,
-                      window=args.window, grid=parse_grid(args.grid))
+                      window=args.window, stable_first_row=args.stable_first_row,
+                      adaptive_percent=args.adaptive_percent, grid=args.grid)
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
@@ -81,24 +169,22 @@ def cmd_generate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from . import load_model
     from .sampling import SamplerSettings
-    from .train import TrainConfig, train_heads
+    from .train import train_heads
 
-    model = load_model(args.model, args.dtype, args.device)
+    model, _ = _load(args)
     d = model.defaults
     settings = SamplerSettings(args.seed, d["cfg"] if args.cfg is None else args.cfg,
                                d["temperature"] if args.temperature is None else args.temperature,
                                d["top_k"] if args.top_k is None else args.top_k,
                                d["top_p"] if args.top_p is None else args.top_p)
-    cfg = TrainConfig(samples=args.samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
-                      ce_weight=args.ce_weight, seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch)
-    grids = prompts = None
-    if args.grids:
-        from .train import read_grids
+    cfg = args.train_config
+    from .train import read_grids
 
-        prompts, grids = read_grids(args.grids, model)
-    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts)
+    prompts, grids = read_grids(args.grids, model) if args.grids else (None, None)
+    held = read_grids(args.heldout_grids, model) if args.heldout_grids else None
+    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts,
+                            features=args.features, heldout_grids=held)
     print(json.dumps(report))
     print(f"wrote {args.out}")
     return 0
@@ -111,13 +197,17 @@ def cmd_bench(args) -> int:
     if args.decoders is None:  # every decoder that can run: without heads, those that need none
         decoders = tuple(d for d in DECODERS if heads is not None or not needs_heads(d))
     else:
-        decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+        decoders = args.decoders  # checked by validate()
     options = BenchOptions(
         decoders=decoders, images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
-        verify_rounds=args.verify_rounds, window=args.window, grid=parse_grid(args.grid),
-        ssd_rounds=tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else (),
+        verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
+        window=args.window, grid=args.grid, ssd_rounds=args.ssd_rounds,
+        ssd_adaptive=tuple(int(a) for a in args.ssd_adaptive.split(",")) if args.ssd_adaptive else (),
+        ssd_first_row=tuple(int(f) for f in args.ssd_first_row.split(",")) if args.ssd_first_row else
+        ((args.stable_first_row,) if args.stable_first_row is not None else ()),
+        plot=args.plot,
         verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
         batch=args.batch)
     run_bench(model, heads, options)
@@ -131,7 +221,7 @@ def cmd_convert_vqgan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ssd_core", description=__doc__)
+    parser = _Parser(prog="python -m ssd_core", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
@@ -145,15 +235,24 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-heads", help="self-distil the draft heads for a model")
     _sampler_flags(t)
     t.add_argument("--out", required=True)
-    t.add_argument("--samples", type=int, default=256)
+    t.add_argument("--samples", type=int, default=None,
+                   help="grids the model samples itself (default 256, or 0 with --grids: both are joined)")
     t.add_argument("--heldout", type=int, default=16)
     t.add_argument("--epochs", type=int, default=4)
     t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--ce-weight", type=float, default=0.1)
+    t.add_argument("--ce-weight", type=float, default=0.1, help="argmax cross-entropy of the drafts (0 = off)")
+    t.add_argument("--kl-weight", type=float, default=1.0,
+                   help="KL of the model's processed guided distribution against the draft's (0 = off)")
+    t.add_argument("--unroll", type=int, default=0, help="horizontal head trained on its own outputs along "
+                   "rows to this chain depth (0 = the row's width - 1, 1 = teacher-forced pairs only)")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    t.add_argument("--features", default=None, help="store / reuse the training grids' features in this file")
+    t.add_argument("--heldout-grids", default=None, help="score on these grids (safetensors, like --grids) "
+                   "instead of the last --heldout training grids")
     t.add_argument("--batch", type=int, default=8, help="grids per optimiser step")
     t.add_argument("--gen-batch", type=int, default=8, help="grids generated at once")
-    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]) "
-                   "instead of sampling the model")
+    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]; "
+                   "comma-separated files are joined) instead of sampling the model")
     t.set_defaults(func=cmd_train)
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
@@ -164,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
+    b.add_argument("--ssd-adaptive", default=None, help="comma list of adaptive percents to bench beside the "
+                   "fixed schedule, e.g. 5,15 (per --ssd-rounds value: the cap)")
+    b.add_argument("--ssd-first-row", default=None, help="comma list of stable_first_row values to bench, e.g. 0,1")
+    b.add_argument("--plot", default=None, help="PNG: steps ratio against the nll_full gap (and class accuracy)")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
     b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
                    "vs one at a time, and identical_to_ar over both)")
@@ -178,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command != "convert-vqgan":
+            validate(args)
         return args.func(args)
     except SSDError as err:
         print(f"error: {err}", file=sys.stderr)

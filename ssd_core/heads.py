@@ -79,11 +79,34 @@ class DraftHeads(nn.Module):
         save_file(tensors, str(path), metadata=self.metadata())
 
 
+def expected_shapes(hidden: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a heads file and its shape, from the sizes in its metadata."""
+    one = {"fuse.weight": (hidden, 2 * hidden), "norm.weight": (hidden,), "gate.weight": (intermediate, hidden),
+           "up.weight": (intermediate, hidden), "down.weight": (hidden, intermediate)}
+    return {f"{head}.{k}": v for head in ("horizontal", "vertical") for k, v in one.items()}
+
+
+def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int) -> None:
+    """One short line naming the first tensor that is missing, extra or of the wrong shape."""
+    want = expected_shapes(hidden, intermediate)
+    missing = [k for k in want if k not in tensors]
+    extra = [k for k in tensors if k not in want]
+    wrong = [k for k in want if k in tensors and tuple(tensors[k].shape) != want[k]]
+    if missing or extra or wrong:
+        what = (f"lacks {missing[:3]}" if missing else f"has unknown tensors {extra[:3]}" if extra else
+                f"has {wrong[0]} of shape {list(tensors[wrong[0]].shape)} where its metadata (hidden_size {hidden}, "
+                f"intermediate_size {intermediate}) needs {list(want[wrong[0]])}")
+        raise SSDError(f"{name} {what}: the file is damaged or not made by this pack; re-train the heads")
+
+
 def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> DraftHeads:
     """Read a heads file (safetensors only). Any other or damaged file is refused with a clear message."""
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise SSDError(f"heads path {path} is a folder: give the .safetensors heads file inside it (e.g. "
+                       f"{path / 'heads.safetensors'})")
     if not path.is_file():
         raise SSDError(f"heads file {path} does not exist; pick a .safetensors file from models/ssd_heads "
                        "or 'none' to decode without heads")
@@ -95,7 +118,8 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as err:  # safetensors raises several types for a damaged header
-        raise SSDError(f"{path.name} is not a readable safetensors file ({err}); re-download or re-train it") from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SSDError(f"{path.name} is not a readable safetensors file ({first[:200]}); re-download or re-train it") from None
     if meta.get("format") != FORMAT:
         raise SSDError(f"{path.name} is a safetensors file but not an SSD heads file (metadata format="
                        f"{meta.get('format')!r}, expected {FORMAT!r})")
@@ -105,11 +129,16 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
                        f"{HEAD_FORM}: retrain the heads or update the pack")
     try:
         grid = tuple(int(v) for v in meta["grid"].split("x"))
-        known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
-                 "intermediate_size"}
-        heads = DraftHeads(meta["family"], int(meta["hidden_size"]), int(meta["image_vocab_size"]), grid,
-                           int(meta["intermediate_size"]), {k: v for k, v in meta.items() if k not in known})
-        heads.load_state_dict(tensors)
-    except (KeyError, ValueError, RuntimeError) as err:
-        raise SSDError(f"{path.name} has damaged heads metadata or tensors ({err}); re-train the heads") from None
+        hidden, inter = int(meta["hidden_size"]), int(meta["intermediate_size"])
+        vocab, family = int(meta["image_vocab_size"]), meta["family"]
+        if len(grid) != 2 or min(grid + (hidden, inter, vocab)) < 1:
+            raise ValueError("sizes must be whole numbers >= 1")
+    except (KeyError, ValueError) as err:
+        raise SSDError(f"{path.name} has damaged heads metadata ({err}); re-train the heads") from None
+    check_shapes(path.name, tensors, hidden, inter)  # before the network is built from the metadata
+    known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
+             "intermediate_size"}
+    heads = DraftHeads(family, hidden, vocab, grid, inter,
+                       {k: v for k, v in meta.items() if k not in known})
+    heads.load_state_dict(tensors)
     return heads.to(dtype) if dtype is not None else heads

@@ -58,9 +58,12 @@ def read_config(folder) -> dict:
     if not path.is_file():
         raise SSDError(f"{folder} has no config.json: it is not a transformers model folder")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SSDError(f"{path} is not valid JSON ({err}); re-download the model") from None
+    if not isinstance(config, dict):
+        raise SSDError(f"{path} holds a JSON {type(config).__name__}, not an object; re-download the model")
+    return config
 
 
 def download(repo_id: str, folder, extra_files: str = "", local_files_only: bool | None = None) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import trace as T
-from .sampling import SamplerSettings, draw, guide, gumbel, gumbel_argmax, log_probs
+from .sampling import SamplerSettings, draw, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
 from .session import Layout, Session
 
 
@@ -38,13 +38,14 @@ class Run:
         self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
         self.steps = 0
         self.head_calls = 0
-        self.rng = torch.Generator().manual_seed(int(settings.seed) & 0x7FFFFFFFFFFFFFFF)
+        self.rng = seeded_generator(settings.seed)
         B, d = last_features.shape
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
         self.q = SlotTable(self.V, model.device)  # per open slot: the distribution its token was drawn from
         self.noise = SlotTable(self.V, model.device)  # per open slot: its Gumbel noise (a function of seed, slot)
+        self.checks: list[torch.Tensor] = []  # [n, 4] per verification: round, column, accepted, expected
 
     # ---- views -----------------------------------------------------------------------------
     def first_open(self) -> int:
@@ -55,9 +56,9 @@ class Run:
     def is_image(self, slot: int) -> bool:
         return 0 <= slot < self.L and not self.forced[slot]
 
-    def logp(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots."""
-        return log_probs(guide(logits, self.settings.cfg), self.settings, slots)
+    def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
+        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads)."""
+        return log_probs(guide(logits, self.settings.cfg), self.settings, slots, logits, source)
 
     # ---- token writes ------------------------------------------------------------------------
     def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft: bool = True) -> None:

@@ -1,7 +1,9 @@
 """Sampler settings: temperature / top-k / top-p, classifier-free guidance, Gumbel noise by (seed, slot)."""
 from __future__ import annotations
 
+import hashlib
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +11,7 @@ import torch
 from .errors import SSDError
 
 NEG_INF = float("-inf")
+GREEDY_BELOW = 1e-6  # temperatures below this are greedy (a tinier one underflows float32 to 0)
 
 
 @dataclass(frozen=True)
@@ -20,11 +23,15 @@ class SamplerSettings:
     top_p: float = 1.0
 
     def __post_init__(self):
+        for name in ("cfg", "temperature", "top_k", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise SSDError(f"{name} must be a number, got {str(value)[:40]!r}")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise SSDError(f"cfg must be a number >= 0 (1 = no guidance), got {self.cfg}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise SSDError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if not math.isfinite(self.top_k) or int(self.top_k) != self.top_k or self.top_k < 0:
             raise SSDError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k}")
         if not (0 < self.top_p <= 1):
             raise SSDError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
@@ -42,21 +49,25 @@ def guide(logits: torch.Tensor, cfg: float) -> torch.Tensor:
     return uncond + cfg * (cond - uncond)
 
 
-def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None) -> torch.Tensor:
+def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None,
+              raw: torch.Tensor | None = None, source: str = "model") -> torch.Tensor:
     """Guided logits [n, V] -> log p [n, V] after temperature, top-k and top-p (-inf outside the kept set).
 
-    Temperature 0 is greedy: log p is 0 at the argmax and -inf elsewhere. `positions` only names the
-    offending slots when a logit is NaN or infinite.
+    Temperature 0 (or below GREEDY_BELOW) is greedy: log p is 0 at the argmax and -inf elsewhere. `positions`, `raw` (the per-stream
+    logits [B, n, V] before guidance) and `source` ("model" or "heads") only shape the message when a logit
+    is NaN or infinite.
     """
     if not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when something is wrong
         bad = ~torch.isfinite(logits).all(-1)
-        where = positions[bad].tolist() if positions is not None else bad.nonzero().flatten().tolist()
-        raise SSDError(f"the model produced NaN or infinite logits at image sequence position(s) {where[:8]}; "
-                       "try float32 (dtype fp32) or another device; fp16 overflows on some models")
-    if s.temperature == 0:
+        if bad.any():  # (a sum of huge finite logits can overflow alone)
+            raise SSDError(not_finite_message(bad, s, positions, raw, source))
+    if s.temperature < GREEDY_BELOW:
         out = torch.full_like(logits, NEG_INF)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
-    x = logits / s.temperature
+    if s.temperature < 1:  # shifted so that a tiny temperature gives -inf, never inf - inf = NaN
+        x = (logits - logits.max(-1, keepdim=True).values) / s.temperature
+    else:
+        x = logits / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
         kth = x.topk(int(s.top_k), dim=-1, sorted=False).values.amin(-1, keepdim=True)
         x = x.masked_fill(x < kth, NEG_INF)
@@ -64,9 +75,32 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
         sorted_x, order = x.sort(-1, descending=True)
         cum = sorted_x.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_x.softmax(-1) >= s.top_p  # keep the smallest prefix reaching top_p
+        drop_sorted[..., 0] = False  # and always the most likely code (a top_p below float32's range is 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, NEG_INF)
     return x.log_softmax(-1)
+
+
+def not_finite_message(bad: torch.Tensor, s: SamplerSettings, positions, raw, source: str) -> str:
+    """What produced NaN / infinite logits at the rows `bad` [n], and what to try."""
+    where = (positions[bad] if positions is not None else bad.nonzero().flatten()).tolist()[:8]
+    if raw is not None and s.guided and bool(torch.isfinite(raw[..., bad, :]).all()):
+        return (f"classifier-free guidance with cfg {s.cfg:g} overflowed to infinite logits at image sequence "
+                f"position(s) {where} although the model's own logits are finite: use a smaller cfg (1 to 10 is usual)")
+    if source == "heads":
+        return (f"the draft heads produced NaN or infinite draft logits at image sequence position(s) {where}: "
+                "the heads file is damaged or was trained for another model (re-train or re-load the heads, or "
+                "pick a decoder without heads: ar, sjd, zipar); if decoder ar fails too, the model is at fault: "
+                "try dtype fp32")
+    return (f"the model produced NaN or infinite logits at image sequence position(s) {where}: try dtype fp32 "
+            "(fp16 overflows on some models) or another device; if that does not help, the model's weights are "
+            "damaged: re-download them")
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator keyed by the whole seed (any size or sign): manual_seed alone keeps only its low 32 bits."""
+    digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=8, person=b"ssd-seed").digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & 0x7FFFFFFFFFFFFFFF)
 
 
 def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -85,7 +119,7 @@ def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Gen
     top-p, then one draw per row.
     """
     guided = guide(logits, s.cfg) if s.guided else logits[0]
-    return draw(log_probs(guided, s), generator)
+    return draw(log_probs(guided, s, raw=logits), generator)
 
 
 _MASK64 = (1 << 64) - 1

@@ -69,12 +69,14 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
     H, W = run.layout.grid
     cells = run.layout.slot_of_cell
     s = run.settings
+    from .acceptance import summarize_checks
+
     return Trace(decoder, (H, W), run.codes[cells].view(H, W), run.status[cells].view(H, W),
                  run.step_of[cells].view(H, W), run.round_of[cells].view(H, W), run.steps,
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
                            "top_p": s.top_p, **params},
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
-                 peak_memory_mb=peak_memory_mb)
+                 peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(run.checks))
 
 
 @dataclass
@@ -94,6 +96,12 @@ class Trace:
     nll: float | None = None
     nll_full: float | None = None
     out_of_support: float | None = None
+    acceptance: dict = field(default_factory=dict)  # ssd: accepted share and expected acceptance by round
+
+    def acceptance_round0(self) -> tuple[float | None, float | None]:
+        """(measured accepted share, expected acceptance) of the round-0 checks; None without drafts."""
+        r0 = self.acceptance.get("by_round", {}).get("0")
+        return (r0["accepted"], r0["expected"]) if r0 else (None, None)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -121,6 +129,8 @@ class Trace:
             "counts": self.counts, "head_calls": self.head_calls, "finalize_forwards": self.finalize_forwards,
             "acceptance_by_row": self.acceptance_by_row(),
             "acceptance_by_round": {str(k): v for k, v in self.acceptance_by_round().items()},
+            "acceptance_by_verify_round": self.acceptance.get("by_round", {}),
+            "acceptance_round0_by_column": self.acceptance.get("round0_by_column", []),
             "prefill_s": round(self.timings.get("prefill", 0.0), 4), "wall_s": round(self.timings.get("wall", 0.0), 4),
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": finite_or_none(self.nll),

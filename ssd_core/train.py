@@ -1,24 +1,32 @@
-"""Self-distillation of the draft heads on grids the base model generates itself.
+"""Self-distillation of the draft heads, trained for acceptance.
 
-1. grids: the base model samples its own images (batched AR with CFG), or they are read from a file;
-2. features: one teacher-forced forward per grid collects the pre-norm last-layer features of both
-   CFG streams;
-3. heads: Smooth-L1 on features (+ a small cross-entropy of the draft token through the frozen head);
-4. report: per-head top-1 agreement with the base model on held-out grids; write the heads file.
+1. grids: the base model samples its own images (batched AR with CFG), and/or grids are read from files
+   (e.g. the model's tokenised training data: `python -m reference_recipe.grids`);
+2. features: one teacher-forced forward per grid collects the pre-norm last-layer features of both CFG
+   streams, once; they can be stored (`features=`) and reused across runs;
+3. heads (the base model frozen, heads-only backward): Smooth-L1 on features, plus a KL of the model's
+   processed guided distribution p (cfg, temperature, top-k/top-p) against the draft's guided
+   distribution q (cfg, temperature) through the frozen image head; Hh unrolled on its own outputs
+   along every row (`unroll`: chain depth, 1 = teacher-forced pairs only);
+4. report: expected acceptance sum_v min(p, q) per head, by Hh chain depth and by column
+   (ssd_core.acceptance), with top-1 agreement beside it, on held-out grids; written into the heads file.
 Runs as one process on a CPU, or under `accelerate launch` on several GPUs (data parallel).
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
+from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
 from .heads import DraftHeads
-from .sampling import SamplerSettings, sample_logits
+from .sampling import SamplerSettings, guide, sample_logits
 from .session import Layout, stack_prompts
 
 
@@ -29,10 +37,27 @@ class TrainConfig:
     epochs: int = 4
     batch_grids: int = 8
     lr: float = 2e-3
-    ce_weight: float = 0.1
+    ce_weight: float = 0.1  # argmax cross-entropy of one-step drafts (0 = off)
+    kl_weight: float = 1.0  # KL(p processed || q guided) of the drafts (0 = off)
+    unroll: int = 0  # Hh chain depth trained on its own outputs (0 = W-1, 1 = teacher-forced pairs only)
     seed: int = 0
     gen_batch: int = 8
     intermediate: int | None = None
+    max_steps: int | None = None  # stop after this many optimiser steps (None: every epoch)
+
+    def __post_init__(self):  # every value checked before any grid is sampled
+        from .errors import SSDError
+
+        for name, low in (("samples", 1), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
+        if self.samples + self.heldout < 2:
+            raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
+        if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
+            raise SSDError(f"train-heads ce_weight must be a number >= 0, got {self.ce_weight}")
 
 
 def sample_prompts(model, n: int, rng: random.Random) -> list:
@@ -73,86 +98,104 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
 
 @torch.no_grad()
 def collect_features(model, prompts: list, codes: torch.Tensor, settings: SamplerSettings, layout: Layout,
-                     batch: int = 8):
-    """Teacher-forced pre-norm features of both streams: h [N*B_s, L+1, d] (index 0 = prompt end), ids."""
+                     batch: int = 8, dtype: torch.dtype = torch.float32):
+    """Teacher-forced pre-norm features: h [N, S, L+1, d] (S streams; index 0 = prompt end, j+1 = slot j),
+    sequence ids [N, L]."""
     feats, ids_all = [], []
     for b in range(0, len(prompts), batch):
         chunk, c = prompts[b:b + batch], codes[b:b + batch]
+        k = len(chunk)
         prompt = stack_prompts([model.build_prompt(p, "", settings.guided, layout.grid) for p in chunk])
         ids = torch.where(layout.forced[None] >= 0, layout.forced[None].expand_as(c), model.code_to_id(c.clamp(min=0)))
         session = model.start(prompt)
         rows = ids.repeat(2, 1) if settings.guided else ids
-        h = session.forward(rows)  # [B, L, d]
-        h = torch.cat([session.last_features[:, None], h], dim=1)  # index j+1 = features at slot j
-        feats.append(h.float().cpu())
-        ids_all.append(rows)
+        h = session.forward(rows)  # [S*k, L, d], all conditional rows first
+        h = torch.cat([session.last_features[:, None], h], dim=1)
+        feats.append(h.view(-1, k, *h.shape[1:]).transpose(0, 1).to("cpu", dtype))  # [k, S, L+1, d]
+        ids_all.append(ids)
     return torch.cat(feats), torch.cat(ids_all)
 
 
-def pair_indices(layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """Horizontal pairs: every slot s (input h[s-1], e[s] -> h[s]); vertical: image cells with a cell below."""
+def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout, cfg: TrainConfig,
+                settings: SamplerSettings) -> dict:
+    """Losses of both heads on a batch of grids h [b, S, L+1, d] (teacher-forced), ids [b, L]."""
+    h = h.to(model.device, model.dtype)
+    e = model.embed(ids.to(model.device))  # [b, L, d]
     H, W = layout.grid
-    horizontal = torch.arange(layout.num_slots)
-    if H > 1:
-        cells = layout.slot_of_cell.view(H, W)
-        vertical = torch.stack([cells[:-1].flatten(), cells[1:].flatten()], 1)  # (slot, slot below)
-    else:
-        vertical = torch.zeros(0, 2, dtype=torch.long)
-    return horizontal, vertical
-
-
-def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout, ce_weight: float,
-                image_mask: torch.Tensor):
-    """Smooth-L1 (+ CE through the frozen head) for both heads on a batch of sequences h [b, L+1, d]."""
-    dev, dtype = model.device, model.dtype
-    h = h.to(dev, dtype)
-    e = model.embed(ids.to(dev))  # [b, L, d]
-    hz, vt = pair_indices(layout)
+    cells = layout.slot_of_cell.view(H, W)
+    S = h.shape[1]
     losses = {}
-    pred_h = heads.horizontal(h[:, hz], e[:, hz])  # predicts h at slot s (index s+1)
-    target_h = h[:, hz + 1]
-    losses["horizontal"] = F.smooth_l1_loss(pred_h.float(), target_h.float())
-    if vt.numel():
-        pred_v = heads.vertical(h[:, vt[:, 0] + 1], e[:, vt[:, 0]])
-        losses["vertical"] = F.smooth_l1_loss(pred_v.float(), h[:, vt[:, 1] + 1].float())
-    if ce_weight > 0:  # the token each predicted feature drafts: slot s+1 for h[s]
-        nxt = hz[:-1][image_mask[1:]]
-        logits = model.image_logits(pred_h[:, nxt])
-        target = model.image_logits(h[:, nxt + 1]).argmax(-1)
-        losses["ce_h"] = ce_weight * F.cross_entropy(logits.flatten(0, 1), target.flatten())
-        if vt.numel():
-            below = vt[:, 1]
-            ok = (below + 1 < layout.num_slots) & image_mask[(below + 1).clamp(max=layout.num_slots - 1)]
-            lv = model.image_logits(pred_v[:, ok])
-            tv = model.image_logits(h[:, below[ok] + 1]).argmax(-1)
-            losses["ce_v"] = ce_weight * F.cross_entropy(lv.flatten(0, 1), tv.flatten())
+    # Hh, teacher-forced: every slot s from (h[s-1], e[s]) (forced slots included)
+    pred_tf = heads.horizontal(h[:, :, :-1], e[:, None].expand(-1, S, -1, -1))  # [b, S, L, d] -> h[:, :, 1:]
+    losses["horizontal"] = F.smooth_l1_loss(pred_tf.float(), h[:, :, 1:].float())
+    targets = h[:, :, cells[:, 1:]]  # [b, S, H, W-1, d] true features drafting cells x >= 1
+    drafts = {"h": pred_tf[:, :, cells[:, :-1]]}  # one-step Hh drafts of cells x >= 1
+    if cfg.unroll != 1:
+        chain = horizontal_chain(heads, h, e, layout, cfg.unroll or None)  # [b, S, H, D, d]
+        D = chain.shape[3]
+        losses["horizontal_chain"] = F.smooth_l1_loss(chain.float(), targets[:, :, :, :D].float())
+        drafts["h"] = chain
+    if H > 1:
+        pred_v = vertical_drafts(heads, h, e, layout, all_columns=True)  # [b, S, H-1, W, d]
+        losses["vertical"] = F.smooth_l1_loss(pred_v.float(), h[:, :, cells[1:] + 1].float())
+        drafts["v"] = pred_v[:, :, :, :-1]
+    for name, q_feats in drafts.items():
+        true = targets[:, :, 1:] if name == "v" else targets[:, :, :, :q_feats.shape[3]]
+        if cfg.kl_weight > 0 and S == (2 if settings.guided else 1):
+            with torch.no_grad():
+                logp = guided_logp(model, true, settings)  # processed p [b, ..., V]
+            t = settings.temperature if settings.temperature > 0 else 1.0
+            logq = (guide(model.image_logits(q_feats).transpose(0, 1), settings.cfg) / t).log_softmax(-1)
+            p = logp.exp()
+            losses["kl_" + name] = cfg.kl_weight * (p * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+        if cfg.ce_weight > 0:
+            target = model.image_logits(true).argmax(-1)
+            losses["ce_" + name] = cfg.ce_weight * F.cross_entropy(model.image_logits(q_feats).flatten(0, -2),
+                                                                   target.flatten())
     return losses
 
 
 @torch.no_grad()
 def agreement(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout) -> dict:
-    """Top-1 agreement of each head's draft token with the base model's own top-1 (held-out grids)."""
+    """Per-stream top-1 agreement of one-step drafts with the base model's own top-1 (held-out grids)."""
     dev, dtype = model.device, model.dtype
     h = h.to(dev, dtype)
-    e = model.embed(ids.to(dev))
-    image = layout.forced < 0
-    hz, vt = pair_indices(layout)
-    nxt = hz[:-1][image[1:]]
-    a_h = (model.image_logits(heads.horizontal(h[:, nxt], e[:, nxt])).argmax(-1)
-           == model.image_logits(h[:, nxt + 1]).argmax(-1)).float().mean().item()
-    out = {"horizontal_top1": round(a_h, 4)}
-    if vt.numel():
-        below = vt[:, 1]
-        ok = (below + 1 < layout.num_slots) & image[(below + 1).clamp(max=layout.num_slots - 1)]
-        pv = heads.vertical(h[:, vt[ok, 0] + 1], e[:, vt[ok, 0]])
-        a_v = (model.image_logits(pv).argmax(-1) == model.image_logits(h[:, below[ok] + 1]).argmax(-1)).float().mean()
-        out["vertical_top1"] = round(a_v.item(), 4)
+    e = model.embed(ids.to(dev))[:, None].expand(-1, h.shape[1], -1, -1)
+    H, W = layout.grid
+    cells = layout.slot_of_cell.view(H, W)
+    target = model.image_logits(h[:, :, cells[:, 1:]]).argmax(-1)
+    a_h = model.image_logits(heads.horizontal(h[:, :, cells[:, :-1]], e[:, :, cells[:, :-1]])).argmax(-1) == target
+    out = {"horizontal_top1": round(a_h.float().mean().item(), 4)}
+    if H > 1:
+        pv = vertical_drafts(heads, h, e[:, 0], layout)
+        out["vertical_top1"] = round((model.image_logits(pv).argmax(-1) == target[:, :, 1:]).float().mean().item(), 4)
     return out
 
 
+def features_for(model, prompts, codes, settings, layout, batch, path=None, log=print):
+    """Teacher-forced features, read from `path` when it holds them for these grids, else computed (and
+    stored there, fp16)."""
+    from safetensors.torch import load_file, save_file
+
+    if path is not None and Path(path).is_file():
+        data = load_file(str(path))
+        if data["codes"].shape == codes.shape and torch.equal(data["codes"], codes):
+            log(f"features of {codes.shape[0]} grids read from {path}")
+            return data["h"], data["ids"]
+    t0 = time.time()
+    h, ids = collect_features(model, prompts, codes, settings, layout, batch, torch.float16 if path else torch.float32)
+    log(f"features of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
+    if path is not None:
+        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes.contiguous()}, str(path))
+    return h, ids
+
+
 def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | None = None, grids=None,
-                grid_prompts=None, log=print) -> tuple[DraftHeads, dict]:
-    """Train both heads for `model` and write them to `out_path`; returns the heads and the report."""
+                grid_prompts=None, log=print, features=None, heldout_grids=None) -> tuple[DraftHeads, dict]:
+    """Train both heads for `model` and write them to `out_path`; returns the heads and the report.
+
+    grids/grid_prompts: training grids instead of sampling them; heldout_grids: (prompts, codes) to score
+    on, else the last cfg.heldout grids; features: a file to store / reuse the training features in."""
     from accelerate import Accelerator
 
     accel = Accelerator(cpu=model.device.type == "cpu")
@@ -162,73 +205,104 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     settings = settings or SamplerSettings(cfg.seed, d.get("cfg", 1.0), d.get("temperature", 1.0),
                                            d.get("top_k", 0), d.get("top_p", 1.0))
     layout = model.layout(None)
-    total = cfg.samples + cfg.heldout
     t0 = time.time()
-    if grids is None:
+    prompts, codes = (list(grid_prompts), grids) if grids is not None else ([], torch.zeros(0, layout.num_slots).long())
+    if grids is None or cfg.samples > 0:  # self-distilled grids (held out from the end of these)
+        total = cfg.samples + (cfg.heldout if heldout_grids is None else 0)
         share = math.ceil(total / accel.num_processes)
-        prompts = sample_prompts(model, share, rng)
+        sampled = sample_prompts(model, share, rng)
         log(f"generating {share} grids with the base model (process {accel.process_index})")
-        codes = generate_grids(model, prompts, SamplerSettings(settings.seed + accel.process_index, settings.cfg,
-                               settings.temperature, settings.top_k, settings.top_p), layout, cfg.gen_batch, log)
-    else:
-        prompts, codes = list(grid_prompts), grids
+        prompts += sampled
+        codes = torch.cat([codes, generate_grids(model, sampled, SamplerSettings(
+            settings.seed + accel.process_index, settings.cfg, settings.temperature, settings.top_k, settings.top_p),
+            layout, cfg.gen_batch, log)])
     t_gen = time.time() - t0
-    n_held = max(1, min(cfg.heldout, len(prompts) - 1))
-    h_train, ids_train = collect_features(model, prompts[:-n_held], codes[:-n_held], settings, layout, cfg.gen_batch)
-    h_held, ids_held = collect_features(model, prompts[-n_held:], codes[-n_held:], settings, layout, cfg.gen_batch)
-    per = 2 if settings.guided else 1  # feature rows per grid: the conditional and unconditional streams
+    if heldout_grids is None:
+        n_held = max(1, min(cfg.heldout, len(prompts) - 1))
+        held_prompts, held_codes = prompts[-n_held:], codes[-n_held:]
+        prompts, codes = prompts[:-n_held], codes[:-n_held]
+    else:
+        held_prompts, held_codes = heldout_grids
+        n_held = len(held_prompts)
+    for p in model.model.parameters():  # heads-only backward: the base model is frozen
+        p.requires_grad_(False)
+    h_train, ids_train = features_for(model, prompts, codes, settings, layout, cfg.gen_batch, features, log)
+    h_held, ids_held = collect_features(model, held_prompts, held_codes, settings, layout, cfg.gen_batch)
     heads = DraftHeads.for_model(model, cfg.intermediate).to(model.device, model.dtype)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = max(1, math.ceil(h_train.shape[0] / cfg.batch_grids))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps_per_epoch * cfg.epochs, pct_start=0.1)
+    total_steps = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=max(1, total_steps), pct_start=0.1)
     heads, opt = accel.prepare(heads, opt)
-    image = layout.forced < 0
     t1 = time.time()
+    step = 0
     for epoch in range(cfg.epochs):
         order = torch.randperm(h_train.shape[0])
         sums: dict[str, float] = {}
+        n = 0
         for b in range(steps_per_epoch):
+            if step >= total_steps:
+                break
             idx = order[b * cfg.batch_grids:(b + 1) * cfg.batch_grids]
-            losses = head_losses(model, accel.unwrap_model(heads), h_train[idx], ids_train[idx], layout,
-                                 cfg.ce_weight, image)
+            losses = head_losses(model, accel.unwrap_model(heads), h_train[idx], ids_train[idx], layout, cfg, settings)
             loss = sum(losses.values())
             opt.zero_grad()
             accel.backward(loss)
             opt.step()
             sched.step()
+            step += 1
+            n += 1
             for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + v.item() / steps_per_epoch
-        log(f"epoch {epoch + 1}/{cfg.epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in sums.items()))
+                sums[k] = sums.get(k, 0.0) + v.item()
+        log(f"epoch {epoch + 1}/{cfg.epochs} ({step} steps, {time.time() - t1:.0f} s): "
+            + ", ".join(f"{k} {v / max(n, 1):.4f}" for k, v in sums.items()))
     heads = accel.unwrap_model(heads).eval()
-    report = {"samples": int(h_train.shape[0] // per), "heldout": n_held, "epochs": cfg.epochs,
+    report = {"samples": int(h_train.shape[0]), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
+              "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight,
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
-    log("held-out agreement: " + ", ".join(f"{k} {v}" for k, v in report.items() if k.endswith("top1")))
+    report.update(heads_acceptance(model, heads, h_held, ids_held, layout, settings))
+    log(acceptance_lines(report))
     if accel.is_main_process:
-        heads.extra.update({k: str(v) for k, v in report.items()})
+        heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
         heads.save(out_path)
     return heads, report
 
 
+def acceptance_lines(report: dict) -> str:
+    """The held-out acceptance figures as a few printable lines."""
+    keys = [k for k in report if k.endswith(("_top1", "expected")) or "_depth_" in k or k.endswith("_guided")
+            or k.endswith("_chain")]
+    lines = ["held-out (" + str(report.get("heldout")) + " grids): " + ", ".join(f"{k} {report[k]}" for k in keys)]
+    for k in ("horizontal_expected_by_depth", "vertical_expected_by_column"):
+        if k in report:
+            lines.append(f"{k}: " + " ".join(f"{v:.2f}" for v in report[k]))
+    return "\n".join(lines)
+
+
 def read_grids(path, model) -> tuple[list, torch.Tensor]:
-    """Training grids from a safetensors file: `tokens` [N, H, W] image codes and `classes` [N]
-    -> (prompts, per-slot codes [N, L] with -1 at forced slots) for `train_heads(grids=..., grid_prompts=...)`."""
+    """Training grids from safetensors files (comma-separated paths): `tokens` [N, H, W] image codes and
+    `classes` [N] -> (prompts, per-slot codes [N, L] with -1 at forced slots)."""
     from safetensors.torch import load_file
 
     from .errors import SSDError
 
-    try:
-        data = load_file(str(path))
-    except Exception as err:
-        raise SSDError(f"cannot read training grids from {path} ({err}): give a safetensors file with "
-                       "'tokens' [N, H, W] and 'classes' [N]") from None
-    if "tokens" not in data or "classes" not in data:
-        raise SSDError(f"{path} needs the tensors 'tokens' [N, H, W] and 'classes' [N]; it has {sorted(data)}")
-    tokens, classes = data["tokens"].long(), data["classes"].long()
-    layout = model.layout(tuple(tokens.shape[1:]))
-    if layout.grid != model.default_grid:
-        raise SSDError(f"the grids in {path} are {layout.grid[0]}x{layout.grid[1]}; heads train on the model's "
-                       f"{model.default_grid[0]}x{model.default_grid[1]} grid")
-    codes = torch.full((tokens.shape[0], layout.num_slots), -1, dtype=torch.long)
-    codes[:, layout.slot_of_cell] = tokens.flatten(1)
-    return [int(c) for c in classes], codes
+    prompts, out = [], []
+    for one in str(path).split(","):
+        try:
+            data = load_file(one)
+        except Exception as err:
+            raise SSDError(f"cannot read training grids from {one} ({err}): give a safetensors file with "
+                           "'tokens' [N, H, W] and 'classes' [N]") from None
+        if "tokens" not in data or "classes" not in data:
+            raise SSDError(f"{one} needs the tensors 'tokens' [N, H, W] and 'classes' [N]; it has {sorted(data)}")
+        tokens, classes = data["tokens"].long(), data["classes"].long()
+        layout = model.layout(tuple(tokens.shape[1:]))
+        if layout.grid != model.default_grid:
+            raise SSDError(f"the grids in {one} are {layout.grid[0]}x{layout.grid[1]}; heads train on the model's "
+                           f"{model.default_grid[0]}x{model.default_grid[1]} grid")
+        codes = torch.full((tokens.shape[0], layout.num_slots), -1, dtype=torch.long)
+        codes[:, layout.slot_of_cell] = tokens.flatten(1)
+        prompts += [int(c) for c in classes]
+        out.append(codes)
+    return prompts, torch.cat(out)

@@ -197,7 +197,10 @@ def api_workflow(name="ssd_reference_ar_vs_ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
-def small_prompt(seed=7, grid="8x8 (32x32 px, 1:1) reference", decoder="ssd", heads="reference", prompt="cat"):
+SMALL_GRID = "8x8 (32x32 px, 1:1) reference"  # an entry of the sampler's grid list
+
+
+def small_prompt(seed=7, grid=SMALL_GRID, decoder="ssd", heads="reference", prompt="cat"):
     """Loader -> heads -> one sampler on a small grid (the sampler is an output node): a cheap run."""
     wf = api_workflow()
     small = {k: wf[k] for k in ("1", "2", "4")}
@@ -240,7 +243,11 @@ def test_object_info_lists_the_nodes(server):
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
     assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size"]
-    assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
+    assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"] and req["decoder"][1]["default"] == "ssd-exact"
+    grids = req["grid"][0]
+    assert grids[0] == "auto" and SMALL_GRID in grids and "24x24 (384x384 px, 1:1) janus" in grids
+    assert list(info["SSDLoadModel"]["input"]["optional"]) == ["quantization", "offload", "compile"]
+    assert list(info["SSDLoadHeads"]["input"]["optional"]) == ["hub_repo", "hub_file", "download"]
     assert req["seed"][1]["control_after_generate"] is True
     assert req["prompt"][0] == "STRING" and req["prompt"][1]["multiline"] is True
     assert s["output"] == ["IMAGE", "SSD_TRACE", "STRING"]

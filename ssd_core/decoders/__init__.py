@@ -25,7 +25,7 @@ class Param:
     help: str
 
     def check(self, name: str, value) -> None:
-        if value is None and self.default is None:
+        if value is None:  # None: the decoder's default
             return
         if int(value) != value or value < self.low or (self.high is not None and value > self.high):
             limit = f"from {self.low} to {self.high}" if self.high is not None else f">= {self.low}"
@@ -36,7 +36,11 @@ DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact)
                             "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
-PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW}  # every decoder parameter
+STABLE_FIRST_ROW = Param(0, 1, 1, "ssd: verify the first block until a round changes nothing (1) or like the others (0)")
+ADAPTIVE_PERCENT = Param(0, 100, 0, "ssd: end a block's verification once a round corrects at most this percent "
+                         "of its cells (0 = off; verify_rounds stays the cap)")
+PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,
+          "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT}  # every decoder parameter
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,10 @@ class DecoderSpec:
 
 DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
-    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds"), {"draft_rows": 1}),
-    # 3 rows: fewest steps with and without heads on the bundled model (README, "Exact speed-up without heads")
+    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent"),
+                       {"draft_rows": 1}),
+    # 3 rows: fewest steps with and without heads on the bundled model (README, "Exact speed-up without heads";
+    # with heads, 1-5 rows on 3 images: median 168 / 129 / 119 / 128 / 116 steps)
     "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
@@ -86,13 +92,17 @@ def without_heads() -> str:
     return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
 
 
-def make_policy(name: str, draft_rows: int = DRAFT_ROWS.default, verify_rounds: int = VERIFY_ROUNDS.default,
-                window: int | None = WINDOW.default):
-    """The policy of decoder `name`; every parameter is checked against its limits, used or not."""
-    given = {"draft_rows": draft_rows, "verify_rounds": verify_rounds, "window": window}
+def make_policy(name: str, draft_rows: int | None = None, verify_rounds: int | None = None,
+                window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None):
+    """The policy of decoder `name`; every parameter is checked against its limits, used or not; None takes
+    the decoder's own default, else the parameter's."""
+    given = {"draft_rows": draft_rows, "verify_rounds": verify_rounds, "window": window,
+             "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent}
     chosen = spec(name)
     for key, value in given.items():
-        PARAMS[key].check(key, value)
+        if value is not None:
+            PARAMS[key].check(key, value)
     given["draft_rows"] = draft_rows or None  # 0: the decoder's own default
-    kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key) for key in chosen.params}
+    kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key, PARAMS[key].default)
+              for key in chosen.params}
     return chosen.policy(**kwargs)

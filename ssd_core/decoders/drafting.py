@@ -26,12 +26,7 @@ def draft(run: Run, target: int, pick) -> None:
     s = run.end
     target = min(target, run.L)
     while s < target:
-        if not run.is_image(s):  # a forced token: its feature continues the horizontal chain
-            with torch.no_grad():
-                run.features[:, s] = heads.horizontal(feature(run, s - 1), _embed(run, torch.tensor([s]))[0])
-            run.head_calls += 1
-            s += 1
-            continue
+        _forced_features(run, s)
         row_start = (s // stride) * stride
         stop = min(target, row_start + W)  # image cells of this row to draft now
         slots = torch.arange(s, stop)
@@ -41,20 +36,32 @@ def draft(run: Run, target: int, pick) -> None:
                 pred = heads.vertical(run.features[:, above], _embed(run, above))  # [B, n, d] -> h of `slots`
             run.head_calls += 1
             prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots), slots)
+            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots)
             run.set_tokens(slots, codes)
             run.features[:, slots] = pred
         else:  # horizontal chain, one slot at a time
             for t in slots.tolist():
                 one = torch.tensor([t])
                 prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one), one)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), one)
                 run.set_tokens(one, code)
                 with torch.no_grad():
                     run.features[:, t] = heads.horizontal(prev, _embed(run, one)[0])
                 run.head_calls += 1
         run.set_end(stop)
         s = run.end
+
+
+def _forced_features(run: Run, s: int) -> None:
+    """Forced slots just before slot s that no forward has fed yet (a row end in a drafted block): their
+    features continue the horizontal chain, so that slot s is not drafted from an empty feature."""
+    f = s
+    while f > 0 and not run.is_image(f - 1) and int(run.verified[f - 1]) == 0:
+        f -= 1
+    for t in range(f, s):
+        with torch.no_grad():
+            run.features[:, t] = run.heads.horizontal(feature(run, t - 1), _embed(run, torch.tensor([t]))[0])
+        run.head_calls += 1
 
 
 def rows_end(run: Run, first_slot: int, rows: int) -> int:

@@ -3,9 +3,13 @@
 A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every rejected token is resampled from
 norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
 with the first verification of the next one (both ride in one forward).
+Schedule (the paper's): the first block is verified until a round changes nothing (`stable_first_row`,
+capped at one round per cell of a row); `adaptive_percent` > 0 ends the other blocks' verification once a
+round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
 """
 import torch
 
+from ..acceptance import record_checks
 from ..run import Policy, Run
 from ..sampling import acceptance, residual
 from .drafting import draft, rows_end
@@ -16,9 +20,21 @@ class SSDPolicy(Policy):
     needs_heads = True
     uses_heads = True
 
-    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2):
+    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 1,
+                 adaptive_percent: int = 0):
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
-        self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds}
+        self.stable_first_row, self.adaptive_percent = stable_first_row, adaptive_percent
+        self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds,
+                       "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent}
+
+    def block_done(self, run: Run, slots: torch.Tensor, corrected: int) -> bool:
+        """Whether the block of open `slots` is final after this round (`corrected` of them resampled)."""
+        rounds = int(run.verified[slots].min())  # verification rounds done (the block's slots alike)
+        if self.stable_first_row and int(slots[0]) < run.layout.row_stride:
+            return corrected == 0 or rounds > run.layout.grid[1]
+        if self.adaptive_percent and corrected * 100 <= self.adaptive_percent * slots.numel():
+            return True
+        return rounds > self.verify_rounds
 
     def update(self, run: Run, logits, features) -> None:
         start = run.start
@@ -28,11 +44,13 @@ class SSDPolicy(Policy):
             q = run.q_at(slots)  # [n, V] what each token was drawn from
             tok = run.codes[slots].to(p.device)
             rejected = (run.uniform(slots.numel()).to(p.device) >= acceptance(p, q, tok)).cpu()
+            record_checks(run, slots, p, q, ~rejected)
             if rejected.any():
                 fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
                 run.set_tokens(slots[rejected], fixes, draft=False)
             run.put_q(slots, p)  # each token is now a sample of this round's p
-            run.finalize(slots[run.verified[slots] > self.verify_rounds])
+            if self.block_done(run, slots, int(rejected.sum())):
+                run.finalize(slots)
         if not run.open_in(start, run.end).numel() and run.end < run.L:
             draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
 

@@ -52,13 +52,14 @@ def detect_family(folder: Path) -> str:
     spec = folder / "ssd_model.json"
     if spec.is_file():
         try:
-            return json.loads(spec.read_text()).get("family", "llama-grid")
-        except json.JSONDecodeError as err:
-            raise SSDError(f"{spec} is not valid JSON: {err}") from None
-    config = folder / "config.json"
-    if not config.is_file():
-        raise SSDError(f"{folder} has no config.json: it is not a transformers model folder")
-    arch = (json.loads(config.read_text()).get("architectures") or [""])[0]
+            data = json.loads(spec.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise SSDError(f"{spec} is not valid JSON ({err}); see the README, section 'ssd_model.json'") from None
+        return data.get("family", "llama-grid") if isinstance(data, dict) else "llama-grid"  # llama-grid says why
+    from ..hub import read_config
+
+    archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON
+    arch = str(archs[0]) if isinstance(archs, list) and archs else ""
     by_arch = next((name for name in FAMILIES if arch in family_class(name).architectures), None)
     if by_arch is not None:
         return by_arch

@@ -12,34 +12,146 @@ from pathlib import Path
 import torch
 
 from ..errors import SSDError
+from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
 from .base import GridModel, head_rows_logits
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")
+SEE = "see the README, section 'ssd_model.json'"
 
 
-def read_spec(folder: Path) -> dict:
+def read_spec(folder: Path, vocab: int | None = None) -> dict:
+    """ssd_model.json, checked key by key (and against a vocabulary size when given) before any weights load."""
     path = folder / "ssd_model.json"
     if not path.is_file():
-        raise SSDError(f"{folder} has no ssd_model.json: a llama-grid model needs one beside config.json "
-                       "(see the README, section 'ssd_model.json')")
+        raise SSDError(f"{folder} has no ssd_model.json: a llama-grid model needs one beside config.json ({SEE})")
     try:
         spec = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise SSDError(f"{path} is not valid JSON: {err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SSDError(f"{path} is not valid JSON ({err}); {SEE}") from None
+    if not isinstance(spec, dict):
+        raise SSDError(f"{path} holds a JSON {type(spec).__name__}, not an object {{\"family\": \"llama-grid\", ...}}; {SEE}")
     missing = [k for k in REQUIRED_KEYS if k not in spec]
     if missing:
-        raise SSDError(f"{path} lacks the keys {missing}; see the README, section 'ssd_model.json'")
+        raise SSDError(f"{path} lacks the keys {missing}; {SEE}")
     if spec["family"] != "llama-grid":
         raise SSDError(f"{path} names family {spec['family']!r}, expected 'llama-grid'")
+    for key, low in (("image_token_start", 0), ("image_vocab_size", 1), ("num_classes", 1),
+                     ("class_token_start", 0), ("null_class_token", 0)):
+        _whole(path, key, spec[key], low)
+    if spec["row_end_token"] is not None:
+        _whole(path, "row_end_token", spec["row_end_token"], 0, "or null (no row-end token)")
+    for i, grid in enumerate([spec["grid"]] + _list(path, spec, "grids")):
+        key = "grid" if i == 0 else f"grids[{i - 1}]"
+        if not (isinstance(grid, list) and len(grid) == 2 and all(_is_whole(v) and v >= 1 for v in grid)):
+            raise SSDError(f"{path}: {key} must be [rows, columns] of whole numbers >= 1, got {_short(grid)}; {SEE}")
+    names = spec.get("class_names")
+    if names is not None and names != [] and not (isinstance(names, list) and len(names) == spec["num_classes"]
+                                                  and all(isinstance(n, str) and n.strip() for n in names)):
+        raise SSDError(f"{path}: class_names must be a list of num_classes ({spec['num_classes']}) non-empty "
+                       f"names, or [] / left out (classes are then named by their index); {SEE}")
+    try:
+        SamplerSettings(0, spec.get("default_cfg", 3.0), spec.get("default_temperature", 1.0),
+                        spec.get("default_top_k", 0), spec.get("default_top_p", 1.0))
+    except SSDError as err:
+        raise SSDError(f"{path}: a default_* sampler value is out of range ({err}); {SEE}") from None
+    vq = spec.get("vq_decoder")
+    if vq is not None and not isinstance(vq, str):
+        raise SSDError(f"{path}: vq_decoder must be a file name inside the model folder or null, got {_short(vq)}")
+    if vocab is not None:
+        check_token_ids(spec, vocab, path)
     return spec
+
+
+def check_token_ids(spec: dict, vocab: int, where) -> None:
+    """Every token id ssd_model.json names lies inside a vocabulary of `vocab` ids."""
+    ranges = [("image_token_start + image_vocab_size", spec["image_token_start"] + spec["image_vocab_size"] - 1),
+              ("class_token_start + num_classes", spec["class_token_start"] + spec["num_classes"] - 1),
+              ("null_class_token", spec["null_class_token"])]
+    if spec["row_end_token"] is not None:
+        ranges.append(("row_end_token", spec["row_end_token"]))
+    for key, last in ranges:
+        if last >= vocab:
+            raise SSDError(f"{where}: {key} reaches token id {last} but the model's vocabulary has only {vocab} "
+                           f"ids (0..{vocab - 1}); fix {key.split(' ')[0]} or the model's vocab_size")
+
+
+def _is_whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _whole(path, key: str, value, low: int, extra: str = "") -> None:
+    if not _is_whole(value) or value < low:
+        raise SSDError(f"{path}: {key} must be a whole number >= {low}{' ' + extra if extra else ''}, "
+                       f"got {_short(value)}; {SEE}")
+
+
+def _list(path, spec: dict, key: str) -> list:
+    value = spec.get(key, [])
+    if not isinstance(value, list):
+        raise SSDError(f"{path}: {key} must be a list, got {_short(value)}; {SEE}")
+    return value
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def folder_file(folder: Path, name: str, key: str) -> Path:
+    """A file named in ssd_model.json, resolved inside the model folder (symlinks and '..' followed) or refused."""
+    root = Path(folder).resolve()
+    full = (root / name).resolve()
+    if root not in full.parents:
+        raise SSDError(f"ssd_model.json's {key} {_short(name)} lies outside the model folder {folder}: put the "
+                       "file inside that folder and name it relative to it (e.g. \"vq.safetensors\")")
+    if not full.is_file():
+        raise SSDError(f"ssd_model.json's {key} {_short(name)} is not a file in the model folder {folder}: "
+                       f"add it, or set {key} to null")
+    return full
+
+
+def load_vq_decoder(folder: Path | None, spec: dict):
+    """The pixel decoder ssd_model.json names (None when it names none), opened and checked now."""
+    name = spec.get("vq_decoder")
+    if not name:
+        return None
+    if folder is None:
+        raise SSDError("this llama-grid model names a vq_decoder but no model folder to find it in")
+    from ..pixel_decoders.reference_vq import load_vq
+
+    path = folder_file(folder, name, "vq_decoder")
+    try:
+        vq = load_vq(str(path), device="cpu", dtype=torch.float32)
+    except Exception as err:  # noqa: BLE001 -- safetensors and the VQ loader raise several types
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SSDError(f"the vq_decoder {path.name} in {folder} is not a readable reference VQ file ({first[:200]}); "
+                       "re-download the model, or set vq_decoder to null for tokens only") from None
+    codes = int(vq.config.get("codebook_size", 0))
+    if codes < spec["image_vocab_size"]:
+        raise SSDError(f"the vq_decoder {path.name} in {folder} has {codes} codes but ssd_model.json's "
+                       f"image_vocab_size is {spec['image_vocab_size']} (one code per image token): use the VQ "
+                       "decoder the model was trained with")
+    return vq
+
+
+def weights_check(folder: Path) -> None:
+    """The folder holds safetensors weights (pickled .bin / .pt weights are never loaded)."""
+    if any(folder.glob("*.safetensors.index.json")) or (folder / "model.safetensors").is_file():
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    if pickled:
+        raise SSDError(f"{folder} holds only pickled weights ({', '.join(pickled[:3])}), which this pack never "
+                       "loads: convert them to model.safetensors where you trust the file (load with transformers, "
+                       "then save_pretrained(folder, safe_serialization=True))")
+    raise SSDError(f"{folder} has no model weights (model.safetensors): copy the model's weights into it")
 
 
 class LlamaGridModel(GridModel):
     family = "llama-grid"
 
-    def __init__(self, model: torch.nn.Module, spec: dict, folder: Path | None = None):
+    def __init__(self, model: torch.nn.Module, spec: dict, folder: Path | None = None, vq=None):
         super().__init__(model)
         self.spec = spec
         self.folder = folder
@@ -48,26 +160,36 @@ class LlamaGridModel(GridModel):
         self.image_vocab_size = int(spec["image_vocab_size"])
         self.row_end_token = spec["row_end_token"]
         self.default_grid = (int(spec["grid"][0]), int(spec["grid"][1]))
-        self.class_names = spec.get("class_names")
+        # class names: the file's, or the indices as text when it gives none ([] too)
+        self.class_names = list(spec.get("class_names") or [str(i) for i in range(int(spec["num_classes"]))])
         self.defaults = {"cfg": float(spec.get("default_cfg", 3.0)),
                          "temperature": float(spec.get("default_temperature", 1.0)),
                          "top_k": int(spec.get("default_top_k", 0)),
                          "top_p": float(spec.get("default_top_p", 1.0))}
-        vocab = model.get_input_embeddings().num_embeddings
-        last = max(self.image_token_start + self.image_vocab_size, int(spec["null_class_token"]) + 1)
-        if last > vocab:
-            raise SSDError(f"ssd_model.json uses token ids up to {last - 1} but the model's vocabulary has {vocab}")
-        self._vq = None
+        check_token_ids(spec, model.get_input_embeddings().num_embeddings, "ssd_model.json")
+        for grid in self.grid_options():
+            self._fits(grid, "set a smaller grid in ssd_model.json, or a larger max_position_embeddings in config.json")
+        self._vq = vq if vq is not None else load_vq_decoder(folder, spec)
 
     @classmethod
     def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "LlamaGridModel":
         from transformers import AutoModelForCausalLM
 
+        from .. import hub
+
         folder = cls.ensure_folder(folder, download)
-        spec = read_spec(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
-                                                     low_cpu_mem_usage=True, **kwargs)
-        return cls(model.to(device) if "device_map" not in kwargs else model, spec, folder)
+        vocab = hub.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
+        spec = read_spec(folder, vocab if _is_whole(vocab) else None)
+        vq = load_vq_decoder(folder, spec)
+        weights_check(folder)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
+                                                         use_safetensors=True, low_cpu_mem_usage=True, **kwargs)
+        except Exception as err:  # noqa: BLE001 -- transformers / safetensors raise many types for a bad folder
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {first[:300]}); check "
+                           "config.json and re-download or re-save the weights (model.safetensors)") from None
+        return cls(model.to(device) if "device_map" not in kwargs else model, spec, folder, vq)
 
     def backbone(self):
         return self.model.model
@@ -87,21 +209,26 @@ class LlamaGridModel(GridModel):
         return [self.default_grid] + [g for g in extra if g != self.default_grid]
 
     def check_grid(self, grid):
-        H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
+        grid = tuple(int(v) for v in grid) if grid is not None else self.default_grid
+        return self._fits(grid, f"choose a grid of at most {self.default_grid[0]}x{self.default_grid[1]}")
+
+    def _fits(self, grid, fix: str) -> tuple[int, int]:
+        """A (rows, columns) grid whose sequence fits the model's positions, else an SSDError ending in `fix`."""
+        if len(grid) != 2 or min(grid) < 1:
+            raise SSDError(f"grid {grid} is not a (rows, columns) pair of whole numbers >= 1; {fix}")
+        H, W = grid
         max_pos = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         length = H * (W + (self.row_end_token is not None)) + 2
-        if H < 1 or W < 1 or length > max_pos:
+        if length > max_pos:
             raise SSDError(f"llama-grid model cannot make a {H}x{W} token grid: it needs {length} positions and "
-                           f"the model has {max_pos}; choose a grid of at most {self.default_grid[0]}x"
-                           f"{self.default_grid[1]}")
+                           f"the model has {max_pos}; {fix}")
         return (H, W)
 
     def layout(self, grid=None):
         return Layout.build(self.check_grid(grid), self.row_end_token)
 
     def class_id(self, prompt) -> int:
-        names = self.class_names or [str(i) for i in range(int(self.spec["num_classes"]))]
-        return class_index(names, prompt)
+        return class_index(self.class_names, prompt)
 
     def build_prompt(self, prompt, negative_prompt, cfg, grid):
         cond = int(self.spec["class_token_start"]) + self.class_id(prompt)
@@ -110,14 +237,8 @@ class LlamaGridModel(GridModel):
         return Prompt(ids, torch.ones_like(ids, dtype=torch.bool))
 
     def decode(self, tokens):
-        path = self.spec.get("vq_decoder")
-        if not path:
-            return None
         if self._vq is None:
-            from ..pixel_decoders.reference_vq import load_vq
-
-            full = Path(path) if Path(path).is_absolute() else (self.folder or Path(".")) / path
-            self._vq = load_vq(full, device="cpu", dtype=torch.float32)
+            return None
         with torch.no_grad():
             img = self._vq.decode(tokens.long().cpu()[None])[0]  # [3, H_px, W_px]
         return img.permute(1, 2, 0).clamp(0, 1).float()
@@ -125,18 +246,17 @@ class LlamaGridModel(GridModel):
 
 def class_index(names: list, prompt) -> int:
     """A class index from an int, a digit string, a class name, or a unique part of one."""
-    if isinstance(prompt, int):
-        text = str(prompt)
-    else:
-        text = str(prompt).strip()
+    text = str(prompt).strip()
+    shown_prompt = _short(text)  # a long or multi-line prompt is echoed cut, on one line
     example = f"e.g. '{names[0]}' or 0" if names else "e.g. 0"
     if not text:
         raise SSDError(f"this model draws one of {len(names)} classes: type a class name or index in "
                        f"the prompt ({example}).")
     if re.fullmatch(r"[+-]?\d+", text):
-        i = int(text)
+        i = int(text) if len(text) < 20 else -1
         if not 0 <= i < len(names):
-            raise SSDError(f"class {i} is out of range: this model has classes 0..{len(names) - 1}.")
+            raise SSDError(f"class {text if len(text) < 20 else shown_prompt} is out of range: this model has "
+                           f"classes 0..{len(names) - 1}.")
         return i
     low = text.lower()
     exact = [i for i, n in enumerate(names) if str(n).lower() == low]
@@ -147,7 +267,7 @@ def class_index(names: list, prompt) -> int:
         return partial[0]
     if partial:
         which = ", ".join(str(names[i]) for i in partial[:10])
-        raise SSDError(f"the prompt '{text}' matches several classes ({which}): type the full name or the index.")
+        raise SSDError(f"the prompt {shown_prompt} matches several classes ({which}): type the full name or the index.")
     shown = ", ".join(f"{i}: {n}" for i, n in enumerate(names[:30]))
     more = f" ... ({len(names)} in all)" if len(names) > 30 else ""
-    raise SSDError(f"prompt '{text}' is not a class of this model. Type a class name or index: {shown}{more}.")
+    raise SSDError(f"prompt {shown_prompt} is not a class of this model. Type a class name or index: {shown}{more}.")

@@ -182,8 +182,11 @@ def load_vq(path: str, device="cpu", dtype: torch.dtype = torch.float32) -> VQMo
         except (KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: VQ metadata has no valid JSON 'config': {e}") from None
         sd = {k: f.get_tensor(k) for k in f.keys()}
+    with torch.device("meta"):  # the shapes its config asks for, checked before any memory is allocated
+        want = {k: tuple(v.shape) for k, v in VQModel(cfg).state_dict().items()}
+    wrong = sorted(set(want) ^ set(sd)) or [k for k in want if tuple(sd[k].shape) != want[k]]
+    if wrong:
+        raise ValueError(f"{path}: VQ weights do not match its config (first: {wrong[0]})")
     model = VQModel(cfg)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path}: VQ weights do not match config (missing {missing}, unexpected {unexpected})")
+    model.load_state_dict(sd)
     return model.to(device=device, dtype=dtype).eval()
