@@ -38,7 +38,7 @@ def test_node_mappings_and_inputs():
     req = m["SSDSampler"].INPUT_TYPES()["required"]
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
-    assert list(m["SSDSampler"].INPUT_TYPES()["optional"]) == ["negative_prompt"]
+    assert list(m["SSDSampler"].INPUT_TYPES()["optional"]) == ["negative_prompt", "batch_size"]
     assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True
