@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, VERIFY_ROUNDS, needs_heads, uses_heads
+from .decoders import DECODERS, NO_HEADS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
 from .trace import finite_or_none, status_image
 from .yardstick import bench_rows, for_model
@@ -45,9 +45,6 @@ class BenchOptions:
     json: str | None = None  # the report as JSON
     model_name: str = ""  # shown in the report
     batch: int = 0  # also run every decoder in batches of this many images (images/s batched vs one at a time)
-
-
-NO_HEADS = ":noheads"  # decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
 
 
 def _variants(o: BenchOptions) -> list[tuple[str, str, dict]]:

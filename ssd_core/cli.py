@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
+from .decoders import DECODERS, NO_HEADS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
 from .errors import SSDError
 from .memory import OFFLOADS, QUANTIZATIONS
 from .static_cache import MODES
@@ -71,8 +71,8 @@ def validate(args) -> None:
         _positive(args, "--batch", 0)
         if args.decoders is not None:
             args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
-            for name in args.decoders:
-                spec(name)
+            for name in args.decoders:  # "ssd-exact:noheads": that decoder without the loaded heads
+                spec(name.removesuffix(NO_HEADS))
         try:
             args.ssd_rounds = tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else ()
         except ValueError:
@@ -91,6 +91,8 @@ def validate(args) -> None:
                 raise SSDError(f"--grids {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
                                "and 'classes' [N]")
         samples = args.samples if args.samples is not None else (0 if args.grids else 256)
+        if samples < 1 and not args.grids:
+            raise SSDError(f"train-heads samples must be a whole number >= 1 (or 0 with --grids FILE), got {samples}")
         args.train_config = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
                                         ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll,
                                         seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,

@@ -25,6 +25,7 @@ import torch
 from torch.nn import functional as F
 
 from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
+from .errors import SSDError
 from .heads import DraftHeads
 from .sampling import SamplerSettings, guide, sample_logits
 from .session import Layout, stack_prompts
@@ -48,7 +49,7 @@ class TrainConfig:
     def __post_init__(self):  # every value checked before any grid is sampled
         from .errors import SSDError
 
-        for name, low in (("samples", 1), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1)):
+        for name, low in (("samples", 0), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
@@ -198,6 +199,8 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     on, else the last cfg.heldout grids; features: a file to store / reuse the training features in."""
     from accelerate import Accelerator
 
+    if grids is None and cfg.samples < 1:
+        raise SSDError("train-heads samples must be a whole number >= 1 when no grids are given (or pass grids)")
     accel = Accelerator(cpu=model.device.type == "cpu")
     torch.manual_seed(cfg.seed + accel.process_index)
     rng = random.Random(cfg.seed * 1000 + accel.process_index)

@@ -32,6 +32,8 @@ class Param:
             raise SSDError(f"{name} must be a whole number {limit}, got {value}")
 
 
+NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
+
 DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
                             "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
