@@ -2,10 +2,11 @@
 
     python -m reference_recipe --out DIR [--quick]
 
-Stages: data (render the emoji) -> VQ autoencoder -> tokenize every image (+ augmented copies)
--> class-conditional Llama over 24x24 token grids -> (heads: see the marked stage at the end).
-Other mode:
-    python -m reference_recipe --sample MODEL_DIR [--png out.png]   # sample sheet
+Stages: data (render the emoji) -> VQ autoencoder -> tokenize (+ augmented copies) -> AR v1 (22
+classes) -> data set v2 (11 classes), its tokens and the yardstick classifier -> AR v2 (v1 continued
+with a row-end token after every row) -> draft heads. Other modes:
+    python -m reference_recipe --sample MODEL_DIR [--png out.png]       # sample sheet
+    python -m reference_recipe --score MODEL_DIR [--images N --seeds 0,1]  # class accuracy, FD, stripes
 """
 from __future__ import annotations
 
