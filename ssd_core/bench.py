@@ -216,7 +216,7 @@ def print_table(report: dict, log=print) -> None:
     if "yardstick" in report:
         y, n = report["yardstick"], report["images"]
         log(f"yardstick v{y['version']}: real held-out glyphs {y['real_acc'] * 100:.1f}% class accuracy; real_fd "
-            f"{y['real_fd']:.3f} (all training glyphs), {y[f'real_fd_at_{n}']:.3f} ({n} training glyphs)")
+            f"{y['real_fd']:.3f} (all training glyphs), {_num(y[f'real_fd_at_{n}'], 1, '-', 3)} ({n} training glyphs)")
     if "batch" in report:
         b = report["batch"]
         log(f"images/s in batches of {b['n']} vs one at a time: " + ", ".join(

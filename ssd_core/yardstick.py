@@ -133,8 +133,8 @@ class Yardstick:
         out = {"version": self.meta["version"], "data_version": self.meta.get("data_version"),
                "classes": len(self.class_names), "real_acc": float(self.meta["real_acc"]),
                "real_fd": float(self.meta["real_fd"])}
-        if n is not None:
-            out[f"real_fd_at_{n}"] = self.real_fd(n)
+        if n is not None:  # an FD needs 2 images or more
+            out[f"real_fd_at_{n}"] = self.real_fd(n) if n >= 2 else None
         return out
 
 

@@ -68,7 +68,7 @@ def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
-    run(ref, prompt="dog", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
+    run(ref, prompt="heart", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
     run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
     a, b = seen
     assert a["prompt"] == 1 and b["prompt"] == 1
