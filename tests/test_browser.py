@@ -82,9 +82,10 @@ def test_driver_completed(browser_run):
 
 def test_widget_draws_the_grid_with_both_colours_and_the_legend(browser_run):
     after = browser_run["after"]
-    ar, ssd = after["3"], after["4"]
-    assert ar["widget"] and ssd["widget"]
-    assert ar["done"] and ssd["done"] and ar["decoder"] == "ar" and ssd["decoder"] == "ssd"
+    ar, exact, ssd = after["3"], after["4"], after["5"]
+    assert ar["widget"] and exact["widget"] and ssd["widget"]
+    assert ar["done"] and exact["done"] and ssd["done"]
+    assert (ar["decoder"], exact["decoder"], ssd["decoder"]) == ("ar", "ssd-exact", "ssd")
     assert ssd["pixels"]["accepted"] > 50, ssd["pixels"]
     assert ssd["pixels"]["corrected"] > 0 or ssd["pixels"]["accepted"] > 0
     assert ar["pixels"]["ar"] > 50 and ar["pixels"]["accepted"] == 0

@@ -286,22 +286,24 @@ def test_reference_workflow_runs(server):
     assert "execution_error" not in kinds, json.dumps([m for m in msgs if m["type"] == "execution_error"])[:3000]
     assert "execution_success" in kinds
     grid_events = [m["data"] for m in msgs if m["type"] == "ssd.grid"]
-    assert {e["node"] for e in grid_events} == {"3", "4"}, "live ssd.grid events from both samplers"
+    assert {e["node"] for e in grid_events} == {"3", "4", "5"}, "live ssd.grid events from all three samplers"
     assert any(e["done"] is False for e in grid_events) and any(e["done"] is True for e in grid_events)
-    progress = [m["data"] for m in msgs if m["type"] == "progress" and m["data"].get("node") in ("3", "4")]
+    progress = [m["data"] for m in msgs if m["type"] == "progress" and m["data"].get("node") in ("3", "4", "5")]
     assert progress and progress[-1]["value"] == progress[-1]["max"]
     assert any(m["type"] == "binary" for m in msgs), "no preview image was sent"
 
     h = server.history(pid)
     assert h["status"]["status_str"] == "success"
     out = h["outputs"]
-    for nid in ("3", "4"):
+    for nid in ("3", "4", "5"):
         tr = out[nid]["ssd_trace"][0]
         H, W = tr["grid"]
         assert len(tr["status"]) == H * W and tr["done"] is True and tr["steps"] > 0
-    assert out["3"]["ssd_trace"][0]["decoder"] == "ar" and out["4"]["ssd_trace"][0]["decoder"] == "ssd"
-    assert out["4"]["ssd_trace"][0]["steps"] < out["3"]["ssd_trace"][0]["steps"]
-    assert "2" in out["4"]["ssd_trace"][0]["status"], "no accepted draft in the ssd run"
+    assert [out[n]["ssd_trace"][0]["decoder"] for n in ("3", "4", "5")] == ["ar", "ssd-exact", "ssd"]
+    assert out["3"]["ssd_trace"][0]["tokens"] == out["4"]["ssd_trace"][0]["tokens"], "ssd-exact draws ar's image"
+    for nid in ("4", "5"):
+        assert out[nid]["ssd_trace"][0]["steps"] < out["3"]["ssd_trace"][0]["steps"]
+    assert "2" in out["5"]["ssd_trace"][0]["status"], "no accepted draft in the ssd run"
     for nid in ("5", "6", "8"):
         img = out[nid]["images"][0]
         data = server.get("/view", params={"filename": img["filename"], "subfolder": img["subfolder"],

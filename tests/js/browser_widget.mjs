@@ -14,7 +14,7 @@ const WORKFLOW = process.env.SSD_WORKFLOW ?? "ssd_reference_ar_vs_ssd";
 const OUT = process.env.SSD_OUT ?? "out";
 const TIMEOUT = Number(process.env.SSD_RUN_TIMEOUT_S ?? 600) * 1000;
 const CHROMIUM = process.env.SSD_CHROMIUM ?? "/usr/bin/chromium";
-const SAMPLERS = ["3", "4"]; // ar, ssd in the example workflow
+const SAMPLERS = ["3", "4", "5"]; // ar, ssd-exact, ssd in the example workflow
 
 mkdirSync(OUT, { recursive: true });
 const result = { consoleErrors: [], pageErrors: [], failedRequests: [], steps: [] };
