@@ -10,15 +10,12 @@ from ssd_core.decoders.drafting import draft, rows_end
 from ssd_core.heads import DraftHeads
 from ssd_core.run import Run
 from ssd_core.sampling import SamplerSettings
-from tiny import make_heads, make_llama_grid
+from tiny import tiny_model_and_heads
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = make_llama_grid(tmp_path_factory.mktemp("m") / "model", grid=(4, 5), row_end=True)
-    model = ssd_core.load_model(folder)
-    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
-    return model, heads
+    return tiny_model_and_heads(tmp_path_factory.mktemp("m") / "model", grid=(4, 5))
 
 
 def test_overlap_is_the_acceptance_probability():

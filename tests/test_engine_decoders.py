@@ -9,15 +9,12 @@ from ssd_core.decoders import make_policy
 from ssd_core.engine import decode
 from ssd_core.session import Layout
 from ssd_core.sampling import SamplerSettings
-from tiny import make_heads, make_llama_grid
+from tiny import make_heads, make_llama_grid, tiny_model_and_heads
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = make_llama_grid(tmp_path_factory.mktemp("m") / "model", grid=(6, 5), row_end=True)
-    model = ssd_core.load_model(folder)
-    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
-    return model, heads
+    return tiny_model_and_heads(tmp_path_factory.mktemp("m") / "model", grid=(6, 5))
 
 
 def _run(model, heads, decoder, seed=0, cfg=2.0, grid=None, **policy):

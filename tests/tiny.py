@@ -37,3 +37,11 @@ def make_heads(model, path: Path, seed: int = 0) -> Path:
     heads = DraftHeads.for_model(model)
     heads.save(path)
     return path
+
+
+def tiny_model_and_heads(folder: Path, grid, row_end: bool = True):
+    """A tiny llama-grid model saved in `folder`, loaded, with random heads beside it (loaded)."""
+    import ssd_core
+
+    model = ssd_core.load_model(make_llama_grid(folder, grid=grid, row_end=row_end))
+    return model, ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
