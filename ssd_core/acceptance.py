@@ -110,15 +110,15 @@ def record_checks(run, slots: torch.Tensor, p: torch.Tensor, q: torch.Tensor, ac
     W = run.layout.grid[1]
     col = (slots % run.layout.row_stride).clamp(max=W - 1)
     rounds = (run.verified[slots] - 1).clamp(min=0)
-    expected = torch.minimum(p, q).sum(-1).cpu()
-    run.checks.append(torch.stack([rounds.float(), col.float(), accepted.cpu().float(), expected.float()], 1))
+    expected = torch.minimum(p, q).sum(-1)
+    run.checks.append(torch.stack([rounds.float(), col.float(), accepted.float(), expected.float()], 1))  # stays on the device
 
 
 def summarize_checks(checks: list) -> dict:
     """The checks of a run -> {round: {checked, accepted, expected}} and round 0 by column."""
     if not checks:
         return {}
-    c = torch.cat(checks)
+    c = torch.cat(checks).cpu()
     by_round = {}
     for r in c[:, 0].unique().long().tolist():
         sel = c[c[:, 0] == r]

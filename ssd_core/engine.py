@@ -54,8 +54,9 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
     timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
     hooks = _time_heads(heads, timings) if heads is not None and policies[0].uses_heads else []
     try:
-        return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score,
-                       timings)
+        with torch.no_grad():
+            return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel,
+                           score, timings)
     finally:
         for hook in hooks:
             hook.remove()
@@ -80,7 +81,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     N = len(prompts)
     t0 = _now(dev)
     session = model.start(stack_prompts(prompts) if N > 1 else prompts[0])
-    rows = [torch.arange(i, session.batch, N) for i in range(N)]  # the cache rows of image i: its streams
+    rows = [torch.arange(i, session.batch, N, device=dev) for i in range(N)]  # the cache rows of image i: its streams
     runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows)]
     timings["prefill"] = _now(dev) - t0
     for run, policy in zip(runs, policies):
@@ -113,13 +114,9 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
                 logits = torch.cat([run.next_logits[:, None], all_logits[rows[i], :k]], dim=1)
             else:
                 logits = run.next_logits[:, None]
+            run.feeding(fed[j], visibles[j] if k else None)
             policies[i].update(run, logits, feats[rows[i], :k] if k else None)
-            # keep the keys of the longest prefix of fed slots that are final and unchanged since fed, and
-            # whose context was whole (no slot before them was hidden when fed)
-            ok = run.final[C:C + k] & (run.ids[C:C + k] == fed[j])
-            if k and visibles[j] is not None:
-                ok &= torch.cat([torch.ones(1, dtype=torch.bool), visibles[j][:k - 1].cpu()]).cumprod(0).bool()
-            run.keep = C + (int(ok.long().cumprod(0).sum()) if k else 0)
+            run.keep = run.kept()  # the step's one host copy (made by the policy, or here)
             step_logits.append(logits)
         timings["forward"] += t2 - t1
         timings["policy"] += _now(dev) - t2 - (timings["draft"] - drafting)
@@ -130,13 +127,13 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
             runs[i].next_logits = step_logits[j][:, crop - C]
             if on_step is not None and n:
                 on_step(T.progress(runs[i], i))
-        done = [i for i in active if bool(runs[i].final.all())]
+        done = [i for i in active if runs[i].done]
         if done:
             active = [i for i in active if i not in done]
             finalize = 0
             if not active and crop < layout.num_slots:  # the last tokens' keys: the cache holds every sequence
                 t1 = _now(dev)
-                last = torch.zeros(session.batch, layout.num_slots - crop, dtype=torch.long)
+                last = torch.zeros(session.batch, layout.num_slots - crop, dtype=torch.long, device=dev)
                 for i in done:
                     last[rows[i]] = runs[i].ids[crop:]
                 session.forward(last)
@@ -144,6 +141,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
                 finalize = 1
             timings["wall"] = _now(dev) - t0
             for i in done:
+                runs[i].flush()
                 runs[i].cached = session.cached
                 traces[i] = T.from_run(runs[i], decoder_name, getattr(policies[i], "params", {}), dict(timings),
                                        finalize, _peak_memory_mb(dev))
@@ -157,7 +155,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     if score:
         for i, (run, prompt) in enumerate(zip(runs, prompts)):
             t1 = _now(dev)
-            fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes, run.settings)
+            fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes.cpu(), run.settings)
             tr = traces[i]
             tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
             tr.timings["score"] = _now(dev) - t1
@@ -169,22 +167,25 @@ def _forward(model, session: Session, runs: list[Run], policies: list[Policy], r
     """One base-model forward of every image's fed slots, right-padded to n.
 
     -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
-    for run, f in zip(runs, fed):
-        if bool((f < 0).any()):
-            raise RuntimeError(f"{decoder_name}: window slot without a token at {run.cached + int((f < 0).nonzero()[0])}")
+    for run, f in zip(runs, fed):  # checked at the step's sync
+        run.expect((f >= 0).all(), lambda run=run, f=f: _no_token(decoder_name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
     if len(runs) == 1:
         ids, visible = fed[0], visibles[0]
     else:
-        ids = torch.full((session.batch, n), pad_id, dtype=torch.long)
-        visible = torch.zeros(session.batch, n, dtype=torch.bool)
+        ids = torch.full((session.batch, n), pad_id, dtype=torch.long, device=fed[0].device)
+        visible = torch.zeros(session.batch, n, dtype=torch.bool, device=fed[0].device)
         for r, f, v in zip(rows, fed, visibles):
             ids[r, :f.numel()] = f
             visible[r, :f.numel()] = True if v is None else v
-        if bool(visible.all()):
+        if all(v is None for v in visibles) and all(f.numel() == n for f in fed):
             visible = None
     features = session.forward(ids, visible)
     return features, model.image_logits(features), visibles
+
+
+def _no_token(decoder_name: str, run: Run, fed: torch.Tensor):
+    raise RuntimeError(f"{decoder_name}: window slot without a token at {run.start + int((fed < 0).nonzero()[0])}")
 
 
 def _peak_memory_mb(dev: torch.device) -> float:

@@ -8,80 +8,179 @@ from __future__ import annotations
 import torch
 
 from . import trace as T
-from .sampling import SamplerSettings, draw, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
+from .sampling import SamplerSettings, check_finite, draw, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
 from .session import Layout, Session
 
 
 class Run:
-    """Everything one generation knows; policies read and write it through the helpers below."""
+    """Everything one generation knows; policies read and write it through the helpers below.
+
+    Per-slot state lives in tensors on the model's device; the host keeps only whole numbers (window bounds,
+    the first open slot, step counts). A step copies device values to the host once (`sync`): the policy's
+    decision, the kept prefix and the deferred finiteness checks together."""
 
     def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
         self.session: Session | None = None  # the (batch's) KV cache, set by the engine
+        dev = model.device
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
-        self.ids = layout.forced.clone()  # [L] sequence ids; -1 = empty
-        self.id_of_code = model.code_to_id(torch.arange(self.V))  # [V] on the CPU: writes need no device trip
-        self.forced = (layout.forced >= 0).tolist()  # [L] Python bools: read every step, so not a tensor
-        self.codes = torch.full((L,), -1, dtype=torch.long)  # [L] image code per slot
-        self.final = layout.forced >= 0  # forced slots are final from the start
-        self.drafted = torch.full((L,), -1, dtype=torch.long)  # [L] first draft code of a slot
+        self.forced = (layout.forced >= 0).tolist()  # [L] Python bools (host layout, read once)
+        self.image_slots = [s for s in range(L) if not self.forced[s]]  # host: image slots in order
+        self.rank = [0] * (L + 1)  # host: image slots before each slot
+        self.next_image = [L] * (L + 1)  # host: the first image slot at or after each slot
+        for s in range(L):
+            self.rank[s + 1] = self.rank[s] + (not self.forced[s])
+        for s in range(L - 1, -1, -1):
+            self.next_image[s] = s if not self.forced[s] else self.next_image[s + 1]
+        self.slot_ids = torch.arange(L + 1, device=dev)  # [L+1] slot numbers (sliced, never copied from the host)
+        self.image_ids = self.slot_ids[:L][layout.forced.to(dev) < 0]  # [I] image slots
+        self.ids = layout.forced.to(dev, copy=True)  # [L] sequence ids; -1 = empty
+        self.id_of_code = model.code_to_id(torch.arange(self.V, device=dev))  # [V]
+        self.codes = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] image code per slot
+        self.final = self.ids >= 0  # forced slots are final from the start
+        self.drafted = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] first draft code of a slot
         self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
-        self.step_of = torch.zeros(L, dtype=torch.int32)
-        self.round_of = torch.zeros(L, dtype=torch.int32)
-        self.cached = 0  # slots whose keys are in the cache (shared by a batch)
+        self.step_of = torch.zeros(L, dtype=torch.int32, device=dev)
+        self.round_of = torch.zeros(L, dtype=torch.int32, device=dev)
+        self.verified = torch.zeros(L, dtype=torch.int32, device=dev)  # forwards each slot has been fed in
+        self.value_round = torch.zeros(L, dtype=torch.int32, device=dev)  # round in which each slot took its value
+        self.cached = 0  # slots whose keys are in the cache
         self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
         self.end = 0  # window = [cached, end)
         self.start = 0  # the window's first slot in the step being decided
-        self.verified = torch.zeros(L, dtype=torch.int32)  # forwards each slot has been fed in
-        self.value_round = torch.zeros(L, dtype=torch.int32)  # round in which each slot took its value
+        self.first_open = self.next_image[0]  # host: the first slot that is not final (L when done)
+        self.final_cells = 0  # host: image cells that are final
+        self.fed_hi = 0  # host: every slot below it has been fed to the model at least once
         self.steps = 0
         self.head_calls = 0
-        self.rng = seeded_generator(settings.seed)
+        self.syncs = 0  # device-to-host copies made by `sync`
+        self.fed: torch.Tensor | None = None  # [k] ids fed at slots [start, start + k) this step
+        self.fed_visible: torch.Tensor | None = None  # [k] which of them other slots could see (None: all)
+        self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
+        self._kept: int | None = None  # the kept prefix of this step, once synced
+        self.rng = seeded_generator(settings.seed, dev)
         B, d = last_features.shape
-        self.features = torch.zeros(B, L, d, dtype=model.dtype, device=model.device)  # latest feature per slot
+        self.features = torch.zeros(B, L, d, dtype=model.dtype, device=dev)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
-        self.q = SlotTable(self.V, model.device)  # per open slot: the distribution its token was drawn from
-        self.noise = SlotTable(self.V, model.device)  # per open slot: its Gumbel noise (a function of seed, slot)
+        self.q = SlotTable(self.V, dev)  # per open slot: the distribution its token was drawn from
+        self.noise = SlotTable(self.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
         self.checks: list[torch.Tensor] = []  # [n, 4] per verification: round, column, accepted, expected
 
-    # ---- views -----------------------------------------------------------------------------
-    def first_open(self) -> int:
-        """The first slot that is not final (L when done)."""
-        open_ = (~self.final).nonzero()
-        return int(open_[0]) if open_.numel() else self.L
+    # ---- views (host numbers) -------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.first_open >= self.L
 
     def is_image(self, slot: int) -> bool:
         return 0 <= slot < self.L and not self.forced[slot]
 
-    def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
-        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads)."""
-        return log_probs(guide(logits, self.settings.cfg), self.settings, slots, logits, source)
+    def open_span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
+        return self.rank[min(max(lo, self.first_open), self.L)], self.rank[min(max(hi, lo), self.L)]
 
-    # ---- token writes ------------------------------------------------------------------------
-    def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft: bool = True) -> None:
-        changed = self.codes[slots] != codes  # the round in which a slot took its current value
-        self.value_round[slots[changed]] = (self.verified[slots[changed]] - 1).clamp(min=0)
+    def open_in(self, lo: int, hi: int) -> torch.Tensor:
+        """[n] slots in [lo, hi) that are image cells and not final yet (prefix decoders)."""
+        a, b = self.open_span(lo, hi)
+        return self.image_ids[a:max(a, b)]
+
+    def slots(self, lo: int, hi: int) -> torch.Tensor:
+        """[hi - lo] the slot numbers lo..hi-1 on the device."""
+        return self.slot_ids[lo:hi]
+
+    def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
+        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
+
+        The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
+        guided = guide(logits, self.settings.cfg)
+        self.expect(guided.sum().isfinite(),
+                    lambda: check_finite(guided, self.settings, slots, logits, source))
+        return log_probs(guided, self.settings, check=False)
+
+    # ---- the one host copy per step ---------------------------------------------------------------
+    def expect(self, ok: torch.Tensor, fail) -> None:
+        """Check the 0-d bool `ok` at the next sync; `fail()` raises the error when it is False."""
+        self.pending.append((ok, fail))
+
+    def feeding(self, fed: torch.Tensor, visible: torch.Tensor | None) -> None:
+        """The engine fed ids [k] at slots [start, start + k) (visible: which others could see them)."""
+        self.fed, self.fed_visible, self._kept = fed, visible, None
+        self.fed_hi = max(self.fed_hi, self.start + fed.numel())
+
+    def sync(self, *values: torch.Tensor) -> list[int]:
+        """Copy these 0-d integer tensors, the step's kept prefix and the pending checks to the host at once.
+
+        Call it after the fed slots' final tokens are written (the kept prefix is read then)."""
+        flags = [ok for ok, _ in self.pending]
+        keep = self._kept_prefix() if self._kept is None else None
+        parts = [v.reshape(1).long() for v in values] + ([keep.reshape(1)] if keep is not None else []) + \
+            [f.reshape(1).long() for f in flags]
+        out = torch.cat(parts).tolist() if parts else []
+        self.syncs += 1
+        checks, self.pending = self.pending, []
+        for ok, (_, fail) in zip(out[len(out) - len(flags):], checks):
+            if not ok:
+                fail()
+        if keep is not None:
+            self._kept = self.start + out[len(values)]
+        return out[:len(values)]
+
+    def kept(self) -> int:
+        """This step's kept prefix: fed slots that are final, unchanged since fed, with a whole context."""
+        if self._kept is None:
+            self.sync()
+        return self._kept
+
+    def flush(self) -> None:
+        """Raise any deferred check that failed (end of the run)."""
+        if self.pending:
+            self.sync()
+
+    def _kept_prefix(self) -> torch.Tensor:
+        """0-d: how many fed slots from `start` keep their keys."""
+        k = 0 if self.fed is None else self.fed.numel()
+        if k == 0:
+            return self.slot_ids[0]
+        C = self.start
+        ok = self.final[C:C + k] & (self.ids[C:C + k] == self.fed)
+        if self.fed_visible is not None:  # no slot before them was hidden when fed
+            ok[1:] &= self.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
+        return ok.long().cumprod(0).sum()
+
+    # ---- token writes (device) ---------------------------------------------------------------------
+    def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft=True) -> None:
+        """Write codes [n] at slots [n]; draft (True, False or a [n] mask): record them as first drafts."""
+        old = self.codes[slots]
+        changed = old != codes  # the round in which a slot took its current value
+        self.value_round[slots] = torch.where(changed, (self.verified[slots] - 1).clamp(min=0), self.value_round[slots])
         self.codes[slots] = codes
         self.ids[slots] = self.id_of_code[codes]
-        if draft:
-            first = self.drafted[slots] < 0
-            self.drafted[slots[first]] = codes[first]
+        if draft is not False:
+            drafted = self.drafted[slots]
+            first = drafted < 0 if draft is True else (drafted < 0) & draft
+            self.drafted[slots] = torch.where(first, codes, drafted)
 
-    def finalize(self, slots: torch.Tensor) -> None:
-        """Mark image slots final with their current token; the status follows from the first draft.
-
-        round = the verification round (0 = the first check) in which the slot took its final value."""
-        if slots.numel() == 0:
-            return
+    def finalize(self, slots: torch.Tensor, mask=None) -> None:
+        """Mark image slots final with their current token (only where `mask`, a [n] or 0-d bool tensor);
+        the status follows from the first draft; round = the verification round (0 = the first check) in
+        which the slot took its final value."""
         drafted, codes = self.drafted[slots], self.codes[slots]
-        st = torch.where(drafted < 0, T.AR, torch.where(drafted == codes, T.ACCEPTED, T.CORRECTED))
-        self.status[slots] = st.to(torch.int8)
-        self.final[slots] = True
-        self.step_of[slots] = self.steps
-        self.round_of[slots] = self.value_round[slots]
+        st = torch.where(drafted < 0, T.AR, torch.where(drafted == codes, T.ACCEPTED, T.CORRECTED)).to(torch.int8)
+        rounds = self.value_round[slots]
+        if mask is None:
+            self.status[slots], self.final[slots], self.step_of[slots], self.round_of[slots] = st, True, self.steps, rounds
+            return
+        self.status[slots] = torch.where(mask, st, self.status[slots])
+        self.final[slots] |= mask
+        self.step_of[slots] = torch.where(mask, self.steps, self.step_of[slots])
+        self.round_of[slots] = torch.where(mask, rounds, self.round_of[slots])
+
+    def advance(self, slot: int) -> None:
+        """Every image slot below `slot` is final (host bookkeeping of prefix decoders)."""
+        self.first_open = self.next_image[min(slot, self.L)]
+        self.final_cells = self.rank[self.first_open]
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
@@ -90,35 +189,33 @@ class Run:
         while self.end < self.L and self.forced[self.end]:
             self.end += 1
 
-    def open_in(self, lo: int, hi: int) -> torch.Tensor:
-        """Slots in [lo, hi) that are image cells and not final yet."""
-        idx = torch.arange(lo, min(hi, self.L))
-        return idx[~self.final[idx]]
-
     def q_at(self, slots: torch.Tensor) -> torch.Tensor:
         """[n, V] the distributions the current tokens of these (open) slots were drawn from."""
         return self.q.get(slots)
 
-    def put_q(self, slots: torch.Tensor, dist: torch.Tensor) -> None:
-        self.q.put(slots, dist, self.first_open())
+    def put_q(self, slots: torch.Tensor, dist: torch.Tensor, hi: int) -> None:
+        """dist [n, V] for open slots below `hi`."""
+        self.q.span(self.first_open, hi)
+        self.q.put(slots, dist)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
         return draw(logp, self.rng)
 
-    def gumbel_sample(self, logp: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise."""
+    def gumbel_sample(self, logp: torch.Tensor, slots: torch.Tensor, hi: int) -> torch.Tensor:
+        """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise (slots < hi)."""
         if self.settings.temperature == 0:
-            return logp.argmax(-1).cpu()
-        hi = int(slots[-1]) + 1  # each slot's noise is made once, a row ahead at a time
-        if hi > self.noise.hi:
-            first = self.first_open()
-            new = torch.arange(max(self.noise.hi, first), min(self.L, max(hi, first + self.layout.row_stride)))
-            self.noise.put(new, gumbel(self.settings.seed, new, self.V, self.model.device), first)
-        return gumbel_argmax(logp.float(), self.noise.get(slots)).cpu()
+            return logp.argmax(-1)
+        if hi > self.noise.hi:  # each slot's noise is made once, a row ahead at a time
+            first = self.first_open
+            lo, top = max(self.noise.hi, first), min(self.L, max(hi, first + self.layout.row_stride))
+            self.noise.span(first, top)
+            new = self.slots(lo, top)
+            self.noise.put(new, gumbel(self.settings.seed, new, self.V))
+        return gumbel_argmax(logp.float(), self.noise.get(slots))
 
     def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.rng)
+        return torch.rand(n, generator=self.rng, device=self.slot_ids.device)
 
 
 class SlotTable:
@@ -137,16 +234,19 @@ class SlotTable:
     def get(self, slots: torch.Tensor) -> torch.Tensor:
         return self.rows[slots - self.lo]
 
-    def put(self, slots: torch.Tensor, values: torch.Tensor, first_open: int) -> None:
-        """values [n, V] for ascending slots; the span becomes [min(first_open, slots[0]), max(hi, slots[-1] + 1))."""
-        lo, hi = min(first_open, int(slots[0])), max(self.hi, int(slots[-1]) + 1)
+    def span(self, lo: int, hi: int) -> None:
+        """Cover slots [lo, max(hi, self.hi)), dropping rows below lo."""
+        hi = max(hi, self.hi)
         if lo != self.lo or hi > self.hi:
             rows = torch.zeros(hi - lo, self.rows.shape[1], device=self.rows.device)
             a, b = max(lo, self.lo), min(self.hi, hi)
             if b > a:
                 rows[a - lo:b - lo] = self.rows[a - self.lo:b - self.lo]
             self.rows, self.lo = rows, lo
-        self.rows[slots - lo] = values.to(self.rows.device, torch.float32)
+
+    def put(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """values [n, V] for slots inside the span."""
+        self.rows[slots - self.lo] = values.to(torch.float32)
 
 
 class Policy:

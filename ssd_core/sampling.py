@@ -50,22 +50,23 @@ def guide(logits: torch.Tensor, cfg: float) -> torch.Tensor:
 
 
 def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None,
-              raw: torch.Tensor | None = None, source: str = "model") -> torch.Tensor:
+              raw: torch.Tensor | None = None, source: str = "model", check: bool = True) -> torch.Tensor:
     """Guided logits [n, V] -> log p [n, V] after temperature, top-k and top-p (-inf outside the kept set).
 
-    Temperature 0 (or below GREEDY_BELOW) is greedy: log p is 0 at the argmax and -inf elsewhere. `positions`, `raw` (the per-stream
-    logits [B, n, V] before guidance) and `source` ("model" or "heads") only shape the message when a logit
-    is NaN or infinite.
+    Temperature 0 (or below GREEDY_BELOW) is greedy: log p is 0 at the argmax and -inf elsewhere. `check`:
+    raise on NaN / infinite logits now (one host copy; the engine's Run defers it to its step's sync);
+    `positions`, `raw` (the per-stream logits [B, n, V] before guidance) and `source` ("model" or "heads")
+    only shape that message.
     """
-    if not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when something is wrong
-        bad = ~torch.isfinite(logits).all(-1)
-        if bad.any():  # (a sum of huge finite logits can overflow alone)
-            raise SSDError(not_finite_message(bad, s, positions, raw, source))
+    if check and not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when wrong
+        check_finite(logits, s, positions, raw, source)
     if s.temperature < GREEDY_BELOW:
         out = torch.full_like(logits, NEG_INF)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
     if s.temperature < 1:  # shifted so that a tiny temperature gives -inf, never inf - inf = NaN
         x = (logits - logits.max(-1, keepdim=True).values) / s.temperature
+    elif s.temperature == 1:
+        x = logits
     else:
         x = logits / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
@@ -81,9 +82,16 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     return x.log_softmax(-1)
 
 
+def check_finite(logits: torch.Tensor, s: SamplerSettings, positions=None, raw=None, source: str = "model") -> None:
+    """Raise SSDError naming the rows of logits [n, V] that hold NaN / infinite values (none: return)."""
+    bad = ~torch.isfinite(logits).all(-1)
+    if bad.any():  # (a sum of huge finite logits can overflow alone)
+        raise SSDError(not_finite_message(bad, s, positions, raw, source))
+
+
 def not_finite_message(bad: torch.Tensor, s: SamplerSettings, positions, raw, source: str) -> str:
     """What produced NaN / infinite logits at the rows `bad` [n], and what to try."""
-    where = (positions[bad] if positions is not None else bad.nonzero().flatten()).tolist()[:8]
+    where = (positions[bad.to(positions.device)] if positions is not None else bad.nonzero().flatten()).tolist()[:8]
     if raw is not None and s.guided and bool(torch.isfinite(raw[..., bad, :]).all()):
         return (f"classifier-free guidance with cfg {s.cfg:g} overflowed to infinite logits at image sequence "
                 f"position(s) {where} although the model's own logits are finite: use a smaller cfg (1 to 10 is usual)")
@@ -97,18 +105,19 @@ def not_finite_message(bad: torch.Tensor, s: SamplerSettings, positions, raw, so
             "damaged: re-download them")
 
 
-def seeded_generator(seed: int) -> torch.Generator:
-    """A CPU generator keyed by the whole seed (any size or sign): manual_seed alone keeps only its low 32 bits."""
+def seeded_generator(seed: int, device=None) -> torch.Generator:
+    """A generator (on `device`, default the CPU) keyed by the whole seed (any size or sign): manual_seed
+    alone keeps only its low 32 bits."""
     digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=8, person=b"ssd-seed").digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & 0x7FFFFFFFFFFFFFFF)
+    return torch.Generator(device=device or "cpu").manual_seed(int.from_bytes(digest, "little") & 0x7FFFFFFFFFFFFFFF)
 
 
 def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One independent sample per row of log p [n, V] -> codes [n] (on the CPU, from `generator`).
+    """One independent sample per row of log p [n, V] -> codes [n] (on the generator's device).
 
     Inverse CDF: the first code whose cumulative probability exceeds a uniform draw (one uniform a row)."""
-    cdf = logp.float().exp().cumsum(-1).cpu()  # [n, V]
-    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
+    cdf = logp.float().exp().cumsum(-1).to(generator.device)  # [n, V]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, device=generator.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
@@ -142,19 +151,29 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def gumbel(seed: int, slots: torch.Tensor, vocab: int, device=None) -> torch.Tensor:
-    """Gumbel noise [n, V] that depends only on (seed, slot, code): a counter-based generator.
+def gumbel(seed: int, slots: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise [n, V] on the slots' device that depends only on (seed, slot, code): a counter-based
+    generator.
 
     The same (seed, slot) gives the same noise in every decoder and every window, so Gumbel-max sampling
     is a deterministic function of the seed; only the slots asked for are ever materialised.
     """
-    device = device or slots.device
-    key = _mix(torch.tensor(_signed(seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019), dtype=torch.long))
-    base = _mix(key ^ (slots.to(device="cpu", dtype=torch.long) * _signed(0xD1B54A32D192ED03)))
-    codes = torch.arange(vocab, dtype=torch.long)
+    key = _mix_int(_signed(seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019))  # a host number: no device copy
+    base = _mix(key ^ (slots.long() * _signed(0xD1B54A32D192ED03)))
+    codes = torch.arange(vocab, dtype=torch.long, device=slots.device)
     bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
     u = (shr53(bits).double() + 0.5) / float(1 << 53)  # uniform in (0, 1)
-    return (-torch.log(-torch.log(u))).float().to(device)
+    return (-torch.log(-torch.log(u))).float()
+
+
+def _mix_int(x: int) -> int:
+    """_mix on one signed 64-bit number."""
+    x &= _MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK64
+    return _signed(x ^ (x >> 31))
 
 
 def shr53(bits: torch.Tensor) -> torch.Tensor:

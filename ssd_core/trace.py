@@ -56,12 +56,13 @@ class Progress:
 
 
 def progress(run, image: int = 0) -> Progress:
-    """The Progress of an engine Run (run.py) after a step; `image`: its index in the batch."""
+    """The Progress of an engine Run (run.py) after a step; `image`: its index in the batch (copies the
+    grid to the host: a second device-to-host copy in every step that reports progress)."""
     H, W = run.layout.grid
-    cells = run.layout.slot_of_cell
+    cells = run.layout.slot_of_cell.to(run.codes.device)
     final = run.final[cells]
-    tokens = torch.where(final, run.codes[cells], -1).view(H, W)
-    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W), int(final.sum()), image)
+    tokens = torch.where(final, run.codes[cells], -1).view(H, W).cpu()
+    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W).cpu(), run.final_cells, image)
 
 
 def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: int, peak_memory_mb: float) -> "Trace":
@@ -71,8 +72,9 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
     s = run.settings
     from .acceptance import summarize_checks
 
-    return Trace(decoder, (H, W), run.codes[cells].view(H, W), run.status[cells].view(H, W),
-                 run.step_of[cells].view(H, W), run.round_of[cells].view(H, W), run.steps,
+    codes, status, step_of, round_of = (t.cpu() for t in (run.codes, run.status, run.step_of, run.round_of))
+    return Trace(decoder, (H, W), codes[cells].view(H, W), status[cells].view(H, W),
+                 step_of[cells].view(H, W), round_of[cells].view(H, W), run.steps,
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
                            "top_p": s.top_p, **params},
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,

@@ -1,6 +1,4 @@
 """`ar`: one token a step, Gumbel-max keyed by (seed, slot) so that `ssd-exact` can reproduce it."""
-import torch
-
 from ..run import Policy, Run
 
 
@@ -8,11 +6,12 @@ class ARPolicy(Policy):
     name = "ar"
 
     def update(self, run: Run, logits, features) -> None:
-        slot = run.first_open()
+        slot = run.first_open
         if slot >= run.L:
             return
-        one = torch.tensor([slot])
+        one = run.slots(slot, slot + 1)
         i = slot - run.start  # the logits predicting `slot` (its context is all final)
-        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), one), draft=False)
+        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), one, slot + 1), draft=False)
         run.finalize(one)
+        run.advance(slot + 1)
         run.set_end(slot + 1)

@@ -11,12 +11,12 @@ def feature(run: Run, slot: int) -> torch.Tensor:
     return run.prompt_features if slot < 0 else run.features[:, slot]
 
 
-def _embed(run: Run, slots: torch.Tensor) -> torch.Tensor:
-    return run.model.embed(run.ids[slots].to(run.model.device)[None])[0]  # [n, d]
+def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
+    return run.model.embed(ids[None])[0]  # [n] ids -> [n, d]
 
 
 def draft(run: Run, target: int, pick) -> None:
-    """Fill slots [run.end, target) with drafts; pick(logp [n, V], slots) -> codes.
+    """Fill slots [run.end, target) with drafts; pick(logp [n, V], slots [n], hi) -> codes (slots < hi).
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
     slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
@@ -29,25 +29,26 @@ def draft(run: Run, target: int, pick) -> None:
         _forced_features(run, s)
         row_start = (s // stride) * stride
         stop = min(target, row_start + W)  # image cells of this row to draft now
-        slots = torch.arange(s, stop)
+        slots = run.slots(s, stop)
         if s >= stride:  # vertical: the whole stretch in one call from the row above
-            above = slots - stride
-            with torch.no_grad():
-                pred = heads.vertical(run.features[:, above], _embed(run, above))  # [B, n, d] -> h of `slots`
+            with torch.no_grad():  # [B, n, d] -> h of `slots`
+                pred = heads.vertical(run.features[:, s - stride:stop - stride], _embed(run, run.ids[s - stride:stop - stride]))
             run.head_calls += 1
             prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots)
-            run.set_tokens(slots, codes)
-            run.features[:, slots] = pred
+            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots, stop)
+            run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
-            for t in slots.tolist():
-                one = torch.tensor([t])
+            picked = []
+            for t in range(s, stop):
+                one = run.slots(t, t + 1)
                 prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), one)
-                run.set_tokens(one, code)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), one, t + 1)
+                picked.append(code)
                 with torch.no_grad():
-                    run.features[:, t] = heads.horizontal(prev, _embed(run, one)[0])
+                    run.features[:, t] = heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
                 run.head_calls += 1
+            codes = torch.cat(picked)
+        run.set_tokens(slots, codes)
         run.set_end(stop)
         s = run.end
 
@@ -56,11 +57,11 @@ def _forced_features(run: Run, s: int) -> None:
     """Forced slots just before slot s that no forward has fed yet (a row end in a drafted block): their
     features continue the horizontal chain, so that slot s is not drafted from an empty feature."""
     f = s
-    while f > 0 and not run.is_image(f - 1) and int(run.verified[f - 1]) == 0:
+    while f > 0 and not run.is_image(f - 1) and f - 1 >= run.fed_hi:
         f -= 1
     for t in range(f, s):
         with torch.no_grad():
-            run.features[:, t] = run.heads.horizontal(feature(run, t - 1), _embed(run, torch.tensor([t]))[0])
+            run.features[:, t] = run.heads.horizontal(feature(run, t - 1), _embed(run, run.ids[t:t + 1])[0])
         run.head_calls += 1
 
 
@@ -77,16 +78,18 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
     above; a first-row cell as the Gumbel pick of `first_row_logp` [V] (the verifier's latest log p) with
     its own slot's noise (nothing is drafted in the first row without it). Forced slots keep their ids."""
     stride = run.layout.row_stride
-    s, target = run.end, min(target, run.L)
-    while s < target:
-        if run.is_image(s):
-            if s >= stride:
-                code = run.codes[s - stride:s - stride + 1].clone()
+    target = min(target, run.L)
+    while run.end < target:
+        s = run.end
+        stop = min(target, (s // stride + 1) * stride)  # this row (its forced slots are skipped)
+        a, b = run.rank[s], run.rank[stop]
+        if b > a:
+            slots = run.image_ids[a:b]
+            if s >= stride:  # copies of the row above (drafted before this row)
+                codes = run.codes[slots - stride]
             elif first_row_logp is not None:
-                code = run.gumbel_sample(first_row_logp[None], torch.tensor([s]))
+                codes = run.gumbel_sample(first_row_logp[None].expand(b - a, -1), slots, stop)
             else:
-                break
-            run.set_tokens(torch.tensor([s]), code)
-        s += 1
-    if s > run.end:
-        run.set_end(s)
+                return
+            run.set_tokens(slots, codes)
+        run.set_end(stop)

@@ -21,27 +21,28 @@ class ExactPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         start, end = run.start, run.end
-        slots = run.open_in(start, end + 1)  # open slots of the window and the one just past it
+        a, b = run.open_span(start, end + 1)  # open slots of the window and the one just past it
         latest = None  # [V] the verifier's log p at the window's last open slot
-        if slots.numel():
+        if b > a:
+            slots = run.image_ids[a:b]
+            last = run.image_slots[b - 1]
             logp = run.logp(logits[:, slots - start], slots)
             latest = logp[-1]
-            verdict = run.gumbel_sample(logp, slots)  # verifier outputs
-            inside = slots < end
-            fed = run.codes[slots]
-            # final: the leading matches plus the first mismatch (its context was all final)
-            match = (fed == verdict) & inside
-            lead = int(match.long().cumprod(0).sum())
-            n_final = min(lead + 1, slots.numel())
-            run.set_tokens(slots[:n_final], verdict[:n_final], draft=False)  # head drafts keep their record
-            run.set_tokens(slots[n_final:], verdict[n_final:])  # Jacobi: the verifier's outputs are the new drafts
-            run.finalize(slots[:n_final])
-            if slots[-1] >= end and end < run.L:
+            verdict = run.gumbel_sample(logp, slots, last + 1)  # verifier outputs
+            match = run.codes[slots] == verdict
+            if last >= end:  # the slot past the window was not fed: nothing to match
+                match[-1] = False
+            lead = match.long().cumprod(0).sum()  # the leading matches
+            final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
+            run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
+            run.finalize(slots, final)
+            n_final = min(run.sync(lead)[0] + 1, b - a)
+            run.advance(run.image_slots[a + n_final - 1] + 1)
+            if last >= end and end < run.L:
                 run.set_end(end + 1)
-        first = run.first_open()
-        if first >= run.L:
+        if run.done:
             return
-        target = rows_end(run, first, self.draft_rows)
+        target = rows_end(run, run.first_open, self.draft_rows)
         if run.heads is not None:
             draft(run, target, run.gumbel_sample)
         else:

@@ -19,41 +19,50 @@ class SJDPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         start, end = run.start, run.end
-        slots = run.open_in(start, end)
-        if slots.numel():
+        a, b = run.open_span(start, end)
+        if b > a:
+            slots = run.image_ids[a:b]
             p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] on the model's device
             q = run.q_at(slots)
-            tok = run.codes[slots].to(p.device)
-            ok = (run.uniform(slots.numel()).to(p.device) < acceptance(p, q, tok)).cpu()
-            lead = int(ok.long().cumprod(0).sum())
-            run.finalize(slots[:lead])
-            if lead < slots.numel():
-                first = slots[lead:lead + 1]
-                run.set_tokens(first, run.sample(residual(p[lead:lead + 1], q[lead:lead + 1]).clamp(min=1e-30).log()))
-                run.finalize(first)
-                rest, p_rest = slots[lead + 1:], p[lead + 1:]
-                if rest.numel():  # Jacobi: redraw the rest from their new p
-                    run.set_tokens(rest, run.sample(p_rest.clamp(min=1e-30).log()))
-                    run.put_q(rest, p_rest)
-        if not run.open_in(start, run.end).numel() and run.end < run.L and run.end - start < logits.shape[1]:
-            one = torch.tensor([run.end])  # the token after an all-final window: an exact sample
-            run.set_tokens(one, run.sample(run.logp(logits[:, run.end - start:run.end - start + 1], one)), draft=False)
+            tok = run.codes[slots]
+            ok = run.uniform(b - a) < acceptance(p, q, tok)
+            lead = ok.long().cumprod(0).sum()  # accepted in prefix order
+            order = run.slot_ids[:b - a]
+            fix = run.sample(residual(p, q).clamp(min=1e-30).log())  # the first rejected one: from the residual
+            redraw = run.sample(p.clamp(min=1e-30).log())  # Jacobi: the rest from their new p
+            codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
+            run.set_tokens(slots, codes, draft=order > lead)
+            run.finalize(slots, order <= lead)
+            run.put_q(slots, p, end)  # the redrawn ones are samples of p (the final ones are not read again)
+            n_final = min(run.sync(lead)[0] + 1, b - a)
+            run.advance(run.image_slots[a + n_final - 1] + 1)
+        if run.first_open >= run.end and run.end < run.L and run.end - start < logits.shape[1]:
+            s = run.end  # the token after an all-final window: an exact sample
+            one = run.slots(s, s + 1)
+            run.set_tokens(one, run.sample(run.logp(logits[:, s - start:s - start + 1], one)), draft=False)
             run.finalize(one)
-            run.set_end(run.end + 1)
+            run.advance(s + 1)
+            run.set_end(s + 1)
         self._extend(run)
 
     def _extend(self, run: Run) -> None:
+        """Grow the window to `window` open slots, a row (or less) at a time."""
         stride, V = run.layout.row_stride, run.V
-        while run.end < run.L and run.open_in(run.start, run.end).numel() < self.window:
+        while run.end < run.L:
+            a, b = run.open_span(run.start, run.end)
+            need = self.window - max(0, b - a)
+            if need <= 0:
+                return
             s = run.end
-            above = s - stride
-            if above >= 0 and run.codes[above] >= 0:  # vertical repeat of the row above
-                code = run.codes[above:above + 1].clone()
-                q = torch.nn.functional.one_hot(code, V).float()
-            else:
-                code = torch.randint(V, (1,), generator=run.rng)
-                q = torch.full((1, V), 1.0 / V)
-            one = torch.tensor([s])
-            run.set_tokens(one, code)
-            run.put_q(one, q)
-            run.set_end(run.end + 1)
+            lo = run.rank[s]
+            hi = min(lo + need, run.rank[min(run.L, s + stride)])  # slots above these are drafted already
+            if hi <= lo:
+                return
+            slots = run.image_ids[lo:hi]
+            above = run.codes[(slots - stride).clamp(min=0)]
+            first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
+            codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
+            q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
+            run.set_tokens(slots, codes)
+            run.put_q(slots, q, run.image_slots[hi - 1] + 1)
+            run.set_end(run.image_slots[hi - 1] + 1)

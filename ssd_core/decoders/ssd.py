@@ -27,37 +27,49 @@ class SSDPolicy(Policy):
         self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds,
                        "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent}
 
-    def block_done(self, run: Run, slots: torch.Tensor, corrected: int) -> bool:
-        """Whether the block of open `slots` is final after this round (`corrected` of them resampled)."""
-        rounds = int(run.verified[slots].min())  # verification rounds done (the block's slots alike)
-        if self.stable_first_row and int(slots[0]) < run.layout.row_stride:
-            return corrected == 0 or rounds > run.layout.grid[1]
-        if self.adaptive_percent and corrected * 100 <= self.adaptive_percent * slots.numel():
-            return True
+    def block_done(self, run: Run, first_slot: int, n: int, corrected: torch.Tensor):
+        """Whether the block of n open slots from `first_slot` is final after this round (`corrected` [0-d]
+        of them resampled): a bool, or a 0-d bool tensor when it depends on this round's corrections."""
+        rounds = self.rounds  # verification rounds done (the block's slots alike)
+        if self.stable_first_row and first_slot < run.layout.row_stride:
+            return (corrected == 0) | (rounds > run.layout.grid[1])
+        if self.adaptive_percent:
+            return (corrected * 100 <= self.adaptive_percent * n) | (rounds > self.verify_rounds)
         return rounds > self.verify_rounds
+
+    def begin(self, run: Run) -> None:
+        self.rounds = 0
 
     def update(self, run: Run, logits, features) -> None:
         start = run.start
-        slots = run.open_in(start, run.end)
-        if slots.numel():
+        a, b = run.open_span(start, run.end)
+        if b > a:
+            self.rounds += 1
+            slots = run.image_ids[a:b]
             p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] verifier, on the model's device
             q = run.q_at(slots)  # [n, V] what each token was drawn from
-            tok = run.codes[slots].to(p.device)
-            rejected = (run.uniform(slots.numel()).to(p.device) >= acceptance(p, q, tok)).cpu()
+            tok = run.codes[slots]
+            rejected = run.uniform(b - a) >= acceptance(p, q, tok)
             record_checks(run, slots, p, q, ~rejected)
-            if rejected.any():
-                fixes = run.sample(residual(p[rejected], q[rejected]).clamp(min=1e-30).log())
-                run.set_tokens(slots[rejected], fixes, draft=False)
-            run.put_q(slots, p)  # each token is now a sample of this round's p
-            if self.block_done(run, slots, int(rejected.sum())):
+            fixes = run.sample(residual(p, q).clamp(min=1e-30).log())  # a residual draw for every slot
+            run.set_tokens(slots, torch.where(rejected, fixes, tok), draft=False)
+            run.put_q(slots, p, run.end)  # each token is now a sample of this round's p
+            done = self.block_done(run, run.image_slots[a], b - a, rejected.sum())
+            if isinstance(done, torch.Tensor):
+                run.finalize(slots, done)
+                done = bool(run.sync(done)[0])
+            elif done:
                 run.finalize(slots)
-        if not run.open_in(start, run.end).numel() and run.end < run.L:
+            if done:
+                run.advance(run.end)
+        if run.first_open >= run.end and run.end < run.L:
+            self.rounds = 0
             draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
 
     @staticmethod
     def _pick(run: Run):
-        def pick(logp, slots):
+        def pick(logp, slots, hi):
             codes = run.sample(logp)
-            run.put_q(slots, logp.exp())
+            run.put_q(slots, logp.exp(), hi)
             return codes
         return pick

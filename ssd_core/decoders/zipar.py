@@ -3,8 +3,6 @@
 Row y+1 starts once row y has `window` tokens; then every active row writes one token a forward. Cells
 not written yet are holes: fed with a placeholder that no other slot may attend to.
 """
-import torch
-
 from ..run import Policy, Run
 
 
@@ -16,33 +14,38 @@ class ZipARPolicy(Policy):
         self.params = {"window": window}
 
     def begin(self, run: Run) -> None:
-        self.w = self.window or max(1, -(-run.layout.grid[1] // 3))
+        H, W = run.layout.grid
+        self.w = self.window or max(1, -(-W // 3))
         self.params = {"window": self.w}
-        self.started = [False] * run.layout.grid[0]
-        self.started[0] = True
+        self.cells = run.layout.slot_of_cell.view(H, W).tolist()  # host: the slot of each cell
+        self.cells_dev = run.layout.slot_of_cell.view(H, W).to(run.slot_ids.device)
+        self.done = [0] * H  # host: cells written per row (rows fill left to right)
+        self.done_dev = self.cells_dev.new_zeros(H, 1)  # the same on the device, to index the cells
+        self.rows = (0, 1)  # the rows writing now: [first unfinished, last started + 1)
 
     def visible(self, run: Run):
         return run.final[run.cached:run.end].clone()
 
     def update(self, run: Run, logits, features) -> None:
         H, W = run.layout.grid
-        cells = run.layout.slot_of_cell.view(H, W)
-        done = run.final[cells].sum(1)  # [H] cells written per row (rows fill left to right)
-        new = []
-        for y in range(H):
-            if self.started[y] and done[y] < W:
-                slot = int(cells[y, done[y]])
-                if slot - run.start < logits.shape[1] and slot <= run.end:
-                    new.append(slot)
-        if new:
-            slots = torch.tensor(new)
+        lo, hi = self.rows
+        if lo < hi:  # every active row writes its next cell (its context is the rows above as far as written)
+            new = [self.cells[y][self.done[y]] for y in range(lo, hi)]
+            assert max(new) <= run.end and max(new) - run.start < logits.shape[1], "zipar: a row ran past its window"
+            slots = self.cells_dev[lo:hi].gather(1, self.done_dev[lo:hi]).squeeze(1)
             run.set_tokens(slots, run.sample(run.logp(logits[:, slots - run.start], slots)), draft=False)
             run.finalize(slots)
-            done = run.final[cells].sum(1)
+            self.done_dev[lo:hi] += 1
+            for y in range(lo, hi):
+                self.done[y] += 1
             run.set_end(max(run.end, max(new) + 1))
-        for y in range(1, H):  # start a row once the row above has `window` tokens
-            if not self.started[y] and self.started[y - 1] and done[y - 1] >= min(self.w, W):
-                self.started[y] = True
-                run.set_end(max(run.end, int(cells[y, 0])))  # the rest of row y-1 joins the window as holes
-        holes = run.open_in(run.cached, run.end)
-        run.ids[holes] = run.model.code_to_id(torch.zeros_like(holes).to(run.model.device)).cpu()
+        while lo < H and self.done[lo] >= W:
+            lo += 1
+        if hi < H and self.done[hi - 1] >= min(self.w, W):  # start a row once the row above has `window` tokens
+            run.set_end(max(run.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
+            hi += 1
+        self.rows = (lo, hi)
+        run.first_open = self.cells[lo][self.done[lo]] if lo < H else run.L
+        run.final_cells = sum(self.done)
+        window = slice(run.cached, run.end)  # holes: open cells are fed a placeholder
+        run.ids[window] = run.ids[window].where(run.final[window], run.id_of_code[0])
