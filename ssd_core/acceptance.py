@@ -105,13 +105,25 @@ def _r(x) -> float:
     return round(float(x), 4)
 
 
-def record_checks(run, slots: torch.Tensor, p: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> None:
-    """Log one verification of `slots` (p, q [n, V] probabilities): round, column, accepted, expected."""
-    W = run.layout.grid[1]
-    col = (slots % run.layout.row_stride).clamp(max=W - 1)
-    rounds = (run.verified[slots] - 1).clamp(min=0)
-    expected = torch.minimum(p, q).sum(-1)
-    run.checks.append(torch.stack([rounds.float(), col.float(), accepted.float(), expected.float()], 1))  # stays on the device
+def record_checks(run, round_: int, a: int, b: int, p: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> None:
+    """Log one verification (round `round_`) of the image slots of ranks [a, b) (p, q [n, V] probabilities):
+    accepted and expected acceptance stay on the device until the run ends (`check_rows`)."""
+    run.checks.append((round_, a, b, torch.stack([accepted.float(), torch.minimum(p, q).sum(-1).float()])))
+
+
+def check_rows(run) -> list[torch.Tensor]:
+    """The checks of a run as [n, 4] rows on the CPU: round, column, accepted, expected."""
+    if not run.checks:
+        return []
+    W, stride = run.layout.grid[1], run.layout.row_stride
+    col = (torch.tensor(run.image_slots) % stride).clamp(max=W - 1).float()
+    values = torch.cat([c[3] for c in run.checks], 1).cpu()  # one copy for the whole run
+    out, at = [], 0
+    for round_, a, b, _ in run.checks:
+        n = b - a
+        out.append(torch.stack([torch.full((n,), float(round_)), col[a:b], values[0, at:at + n], values[1, at:at + n]], 1))
+        at += n
+    return out
 
 
 def summarize_checks(checks: list) -> dict:

@@ -40,12 +40,11 @@ class Run:
         self.id_of_code = model.code_to_id(torch.arange(self.V, device=dev))  # [V]
         self.codes = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] image code per slot
         self.final = self.ids >= 0  # forced slots are final from the start
+        self.forced_mask = self.final.clone()  # [L] bool
         self.drafted = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] first draft code of a slot
-        self.status = torch.where(self.final, T.FORCED, T.PENDING).to(torch.int8)
         self.step_of = torch.zeros(L, dtype=torch.int32, device=dev)
-        self.round_of = torch.zeros(L, dtype=torch.int32, device=dev)
         self.verified = torch.zeros(L, dtype=torch.int32, device=dev)  # forwards each slot has been fed in
-        self.value_round = torch.zeros(L, dtype=torch.int32, device=dev)  # round in which each slot took its value
+        self.value_seen = torch.zeros(L, dtype=torch.int32, device=dev)  # `verified` when a slot took its value
         self.cached = 0  # slots whose keys are in the cache
         self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
         self.end = 0  # window = [cached, end)
@@ -67,9 +66,20 @@ class Run:
         self.prompt_features = last_features  # [B, d] features predicting slot 0
         self.q = SlotTable(self.V, dev)  # per open slot: the distribution its token was drawn from
         self.noise = SlotTable(self.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
-        self.checks: list[torch.Tensor] = []  # [n, 4] per verification: round, column, accepted, expected
+        self.checks: list = []  # per verification: (round, ranks a, b, [2, n] accepted and expected)
 
-    # ---- views (host numbers) -------------------------------------------------------------------
+    # ---- views ----------------------------------------------------------------------------------
+    @property
+    def status(self) -> torch.Tensor:
+        """[L] int8 status codes (trace.STATUSES), from the first drafts and the final tokens."""
+        made = torch.where(self.drafted < 0, T.AR, torch.where(self.drafted == self.codes, T.ACCEPTED, T.CORRECTED))
+        return torch.where(self.forced_mask, T.FORCED, torch.where(self.final, made, T.PENDING)).to(torch.int8)
+
+    @property
+    def round_of(self) -> torch.Tensor:
+        """[L] int32: the verification round (0 = the first check) in which a final slot took its value."""
+        return torch.where(self.final, (self.value_seen - 1).clamp(min=0), 0).to(torch.int32)
+
     @property
     def done(self) -> bool:
         return self.first_open >= self.L
@@ -152,9 +162,8 @@ class Run:
     # ---- token writes (device) ---------------------------------------------------------------------
     def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft=True) -> None:
         """Write codes [n] at slots [n]; draft (True, False or a [n] mask): record them as first drafts."""
-        old = self.codes[slots]
-        changed = old != codes  # the round in which a slot took its current value
-        self.value_round[slots] = torch.where(changed, (self.verified[slots] - 1).clamp(min=0), self.value_round[slots])
+        changed = self.codes[slots] != codes  # the round in which a slot took its current value
+        self.value_seen[slots] = torch.where(changed, self.verified[slots], self.value_seen[slots])
         self.codes[slots] = codes
         self.ids[slots] = self.id_of_code[codes]
         if draft is not False:
@@ -163,19 +172,13 @@ class Run:
             self.drafted[slots] = torch.where(first, codes, drafted)
 
     def finalize(self, slots: torch.Tensor, mask=None) -> None:
-        """Mark image slots final with their current token (only where `mask`, a [n] or 0-d bool tensor);
-        the status follows from the first draft; round = the verification round (0 = the first check) in
-        which the slot took its final value."""
-        drafted, codes = self.drafted[slots], self.codes[slots]
-        st = torch.where(drafted < 0, T.AR, torch.where(drafted == codes, T.ACCEPTED, T.CORRECTED)).to(torch.int8)
-        rounds = self.value_round[slots]
+        """Mark image slots final with their current token (only where `mask`, a [n] or 0-d bool tensor)."""
         if mask is None:
-            self.status[slots], self.final[slots], self.step_of[slots], self.round_of[slots] = st, True, self.steps, rounds
+            self.final[slots] = True
+            self.step_of[slots] = self.steps
             return
-        self.status[slots] = torch.where(mask, st, self.status[slots])
         self.final[slots] |= mask
         self.step_of[slots] = torch.where(mask, self.steps, self.step_of[slots])
-        self.round_of[slots] = torch.where(mask, rounds, self.round_of[slots])
 
     def advance(self, slot: int) -> None:
         """Every image slot below `slot` is final (host bookkeeping of prefix decoders)."""
@@ -189,39 +192,38 @@ class Run:
         while self.end < self.L and self.forced[self.end]:
             self.end += 1
 
-    def q_at(self, slots: torch.Tensor) -> torch.Tensor:
-        """[n, V] the distributions the current tokens of these (open) slots were drawn from."""
-        return self.q.get(slots)
+    def q_at(self, a: int, b: int) -> torch.Tensor:
+        """[n, V] the distributions the current tokens of the open image slots of ranks [a, b) were drawn from."""
+        return self.q.get(a, b)
 
-    def put_q(self, slots: torch.Tensor, dist: torch.Tensor, hi: int) -> None:
-        """dist [n, V] for open slots below `hi`."""
-        self.q.span(self.first_open, hi)
-        self.q.put(slots, dist)
+    def put_q(self, a: int, dist: torch.Tensor) -> None:
+        """dist [n, V] for the open image slots of ranks [a, a + n)."""
+        self.q.span(self.rank[self.first_open], a + dist.shape[0])
+        self.q.put(a, dist)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
         return draw(logp, self.rng)
 
-    def gumbel_sample(self, logp: torch.Tensor, slots: torch.Tensor, hi: int) -> torch.Tensor:
-        """Gumbel-max samples keyed by (seed, slot): the same slot always gets the same noise (slots < hi)."""
+    def gumbel_sample(self, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """Gumbel-max samples for the image slots of ranks [a, b), keyed by (seed, slot): the same slot always
+        gets the same noise."""
         if self.settings.temperature == 0:
             return logp.argmax(-1)
-        if hi > self.noise.hi:  # each slot's noise is made once, a row ahead at a time
-            first = self.first_open
-            lo, top = max(self.noise.hi, first), min(self.L, max(hi, first + self.layout.row_stride))
-            self.noise.span(first, top)
-            new = self.slots(lo, top)
-            self.noise.put(new, gumbel(self.settings.seed, new, self.V))
-        return gumbel_argmax(logp.float(), self.noise.get(slots))
+        if b > self.noise.hi:  # each slot's noise is made once, a row ahead at a time
+            first = self.rank[self.first_open]
+            lo, hi = max(self.noise.hi, first), min(len(self.image_slots), max(b, first + self.layout.grid[1]))
+            self.noise.span(first, hi)
+            self.noise.put(lo, gumbel(self.settings.seed, self.image_ids[lo:hi], self.V))
+        return gumbel_argmax(logp.float(), self.noise.get(a, b))
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng, device=self.slot_ids.device)
 
 
 class SlotTable:
-    """Rows [V] for a moving span of slots [lo, hi) on the model's device: what open slots need across steps.
-
-    Slots below the first open one are dropped when the span moves, so the table stays window-sized."""
+    """Rows [V] for a moving span [lo, hi) of image slots (by rank) on the model's device: what open slots
+    need across steps. Rows below the first open slot are dropped when the span moves (window-sized)."""
 
     def __init__(self, V: int, device):
         self.lo = 0
@@ -231,11 +233,11 @@ class SlotTable:
     def hi(self) -> int:
         return self.lo + self.rows.shape[0]
 
-    def get(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.rows[slots - self.lo]
+    def get(self, a: int, b: int) -> torch.Tensor:
+        return self.rows[a - self.lo:b - self.lo]
 
     def span(self, lo: int, hi: int) -> None:
-        """Cover slots [lo, max(hi, self.hi)), dropping rows below lo."""
+        """Cover ranks [lo, max(hi, self.hi)), dropping rows below lo."""
         hi = max(hi, self.hi)
         if lo != self.lo or hi > self.hi:
             rows = torch.zeros(hi - lo, self.rows.shape[1], device=self.rows.device)
@@ -244,9 +246,9 @@ class SlotTable:
                 rows[a - lo:b - lo] = self.rows[a - self.lo:b - self.lo]
             self.rows, self.lo = rows, lo
 
-    def put(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """values [n, V] for slots inside the span."""
-        self.rows[slots - self.lo] = values.to(torch.float32)
+    def put(self, a: int, values: torch.Tensor) -> None:
+        """values [n, V] for ranks [a, a + n) inside the span."""
+        self.rows[a - self.lo:a - self.lo + values.shape[0]] = values
 
 
 class Policy:

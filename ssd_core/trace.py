@@ -70,7 +70,7 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
     H, W = run.layout.grid
     cells = run.layout.slot_of_cell
     s = run.settings
-    from .acceptance import summarize_checks
+    from .acceptance import check_rows, summarize_checks
 
     codes, status, step_of, round_of = (t.cpu() for t in (run.codes, run.status, run.step_of, run.round_of))
     return Trace(decoder, (H, W), codes[cells].view(H, W), status[cells].view(H, W),
@@ -78,7 +78,7 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
                            "top_p": s.top_p, **params},
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
-                 peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(run.checks))
+                 peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(check_rows(run)))
 
 
 @dataclass

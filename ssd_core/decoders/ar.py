@@ -11,7 +11,8 @@ class ARPolicy(Policy):
             return
         one = run.slots(slot, slot + 1)
         i = slot - run.start  # the logits predicting `slot` (its context is all final)
-        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), one, slot + 1), draft=False)
+        r = run.rank[slot]
+        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
         run.finalize(one)
         run.advance(slot + 1)
         run.set_end(slot + 1)

@@ -16,7 +16,8 @@ def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
 
 
 def draft(run: Run, target: int, pick) -> None:
-    """Fill slots [run.end, target) with drafts; pick(logp [n, V], slots [n], hi) -> codes (slots < hi).
+    """Fill slots [run.end, target) with drafts; pick(logp [n, V], a, b) -> codes [n] for the image slots
+    of ranks [a, b).
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
     slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
@@ -35,14 +36,14 @@ def draft(run: Run, target: int, pick) -> None:
                 pred = heads.vertical(run.features[:, s - stride:stop - stride], _embed(run, run.ids[s - stride:stop - stride]))
             run.head_calls += 1
             prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots, stop)
+            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
             run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
             picked = []
             for t in range(s, stop):
                 one = run.slots(t, t + 1)
                 prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), one, t + 1)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
                 picked.append(code)
                 with torch.no_grad():
                     run.features[:, t] = heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
@@ -88,7 +89,7 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
             if s >= stride:  # copies of the row above (drafted before this row)
                 codes = run.codes[slots - stride]
             elif first_row_logp is not None:
-                codes = run.gumbel_sample(first_row_logp[None].expand(b - a, -1), slots, stop)
+                codes = run.gumbel_sample(first_row_logp[None].expand(b - a, -1), a, b)
             else:
                 return
             run.set_tokens(slots, codes)

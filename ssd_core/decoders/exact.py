@@ -28,7 +28,7 @@ class ExactPolicy(Policy):
             last = run.image_slots[b - 1]
             logp = run.logp(logits[:, slots - start], slots)
             latest = logp[-1]
-            verdict = run.gumbel_sample(logp, slots, last + 1)  # verifier outputs
+            verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
             match = run.codes[slots] == verdict
             if last >= end:  # the slot past the window was not fed: nothing to match
                 match[-1] = False

@@ -23,7 +23,7 @@ class SJDPolicy(Policy):
         if b > a:
             slots = run.image_ids[a:b]
             p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] on the model's device
-            q = run.q_at(slots)
+            q = run.q_at(a, b)
             tok = run.codes[slots]
             ok = run.uniform(b - a) < acceptance(p, q, tok)
             lead = ok.long().cumprod(0).sum()  # accepted in prefix order
@@ -33,7 +33,7 @@ class SJDPolicy(Policy):
             codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
             run.set_tokens(slots, codes, draft=order > lead)
             run.finalize(slots, order <= lead)
-            run.put_q(slots, p, end)  # the redrawn ones are samples of p (the final ones are not read again)
+            run.put_q(a, p)  # the redrawn ones are samples of p (the final ones are not read again)
             n_final = min(run.sync(lead)[0] + 1, b - a)
             run.advance(run.image_slots[a + n_final - 1] + 1)
         if run.first_open >= run.end and run.end < run.L and run.end - start < logits.shape[1]:
@@ -64,5 +64,5 @@ class SJDPolicy(Policy):
             codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
             q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
             run.set_tokens(slots, codes)
-            run.put_q(slots, q, run.image_slots[hi - 1] + 1)
+            run.put_q(lo, q)
             run.set_end(run.image_slots[hi - 1] + 1)

@@ -47,13 +47,13 @@ class SSDPolicy(Policy):
             self.rounds += 1
             slots = run.image_ids[a:b]
             p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] verifier, on the model's device
-            q = run.q_at(slots)  # [n, V] what each token was drawn from
+            q = run.q_at(a, b)  # [n, V] what each token was drawn from
             tok = run.codes[slots]
             rejected = run.uniform(b - a) >= acceptance(p, q, tok)
-            record_checks(run, slots, p, q, ~rejected)
+            record_checks(run, self.rounds - 1, a, b, p, q, ~rejected)
             fixes = run.sample(residual(p, q).clamp(min=1e-30).log())  # a residual draw for every slot
             run.set_tokens(slots, torch.where(rejected, fixes, tok), draft=False)
-            run.put_q(slots, p, run.end)  # each token is now a sample of this round's p
+            run.put_q(a, p)  # each token is now a sample of this round's p
             done = self.block_done(run, run.image_slots[a], b - a, rejected.sum())
             if isinstance(done, torch.Tensor):
                 run.finalize(slots, done)
@@ -68,8 +68,8 @@ class SSDPolicy(Policy):
 
     @staticmethod
     def _pick(run: Run):
-        def pick(logp, slots, hi):
+        def pick(logp, a, b):
             codes = run.sample(logp)
-            run.put_q(slots, logp.exp(), hi)
+            run.put_q(a, logp.exp())
             return codes
         return pick
