@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     model = load_model("reference")
     heads = load_heads("reference", model)
     grid = parse_grid(args.grid)
+    before = torch.get_num_threads()
     print(f"{'load':>4} {'decoder':<10} {'threads':>7} {'median_s':>9} {'min_s':>7} {'max_s':>7} {'vs_1_thread':>11}")
     for load in (int(x) for x in args.loads.split(",")):
         busy = busy_processes(load)
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
         finally:
             for proc in busy:
                 proc.kill()
+            torch.set_num_threads(before)
     return 0
 
 
