@@ -247,7 +247,7 @@ def train_ar_v2(tok: dict, v1_dir: str, out_dir: str, steps: int = AR2_STEPS, bu
 
 # v2.1 (shipped): v2 continued once more, since its seam-crossing share and held-out NLL were still falling:
 # fresh AdamW, 20-step warmup, lr AR21_LR linearly to 0 over AR21_STEPS steps (budget-sized on the day)
-AR21_STEPS = 540
+AR21_STEPS = 453
 AR21_LR = 3e-4
 AR21_BATCH = 8
 
