@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import trace as T
-from .sampling import SamplerSettings, check_finite, draw, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
+from .sampling import SamplerSettings, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
 from .session import Layout, Session
 
 
@@ -204,6 +204,10 @@ class Run:
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
         return draw(logp, self.rng)
+
+    def sample_probs(self, p: torch.Tensor) -> torch.Tensor:
+        """sample() from probabilities p [n, V]."""
+        return draw_probs(p, self.rng)
 
     def gumbel_sample(self, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
         """Gumbel-max samples for the image slots of ranks [a, b), keyed by (seed, slot): the same slot always

@@ -116,7 +116,12 @@ def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One independent sample per row of log p [n, V] -> codes [n] (on the generator's device).
 
     Inverse CDF: the first code whose cumulative probability exceeds a uniform draw (one uniform a row)."""
-    cdf = logp.float().exp().cumsum(-1).to(generator.device)  # [n, V]
+    return draw_probs(logp.float().exp(), generator)
+
+
+def draw_probs(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """draw() from probabilities p [n, V] (rows need not sum to 1)."""
+    cdf = p.float().cumsum(-1).to(generator.device)  # [n, V]
     u = torch.rand(cdf.shape[0], 1, generator=generator, device=generator.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 

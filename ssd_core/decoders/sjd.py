@@ -28,8 +28,8 @@ class SJDPolicy(Policy):
             ok = run.uniform(b - a) < acceptance(p, q, tok)
             lead = ok.long().cumprod(0).sum()  # accepted in prefix order
             order = run.slot_ids[:b - a]
-            fix = run.sample(residual(p, q).clamp(min=1e-30).log())  # the first rejected one: from the residual
-            redraw = run.sample(p.clamp(min=1e-30).log())  # Jacobi: the rest from their new p
+            fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
+            redraw = run.sample_probs(p)  # Jacobi: the rest from their new p
             codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
             run.set_tokens(slots, codes, draft=order > lead)
             run.finalize(slots, order <= lead)

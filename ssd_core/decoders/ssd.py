@@ -51,7 +51,7 @@ class SSDPolicy(Policy):
             tok = run.codes[slots]
             rejected = run.uniform(b - a) >= acceptance(p, q, tok)
             record_checks(run, self.rounds - 1, a, b, p, q, ~rejected)
-            fixes = run.sample(residual(p, q).clamp(min=1e-30).log())  # a residual draw for every slot
+            fixes = run.sample_probs(residual(p, q))  # a residual draw for every slot
             run.set_tokens(slots, torch.where(rejected, fixes, tok), draft=False)
             run.put_q(a, p)  # each token is now a sample of this round's p
             done = self.block_done(run, run.image_slots[a], b - a, rejected.sum())
@@ -69,7 +69,8 @@ class SSDPolicy(Policy):
     @staticmethod
     def _pick(run: Run):
         def pick(logp, a, b):
-            codes = run.sample(logp)
-            run.put_q(a, logp.exp())
+            p = logp.exp()
+            run.put_q(a, p)
+            codes = run.sample_probs(p)
             return codes
         return pick
