@@ -91,11 +91,6 @@ class Run:
         """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
         return self.rank[min(max(lo, self.first_open), self.L)], self.rank[min(max(hi, lo), self.L)]
 
-    def open_in(self, lo: int, hi: int) -> torch.Tensor:
-        """[n] slots in [lo, hi) that are image cells and not final yet (prefix decoders)."""
-        a, b = self.open_span(lo, hi)
-        return self.image_ids[a:max(a, b)]
-
     def slots(self, lo: int, hi: int) -> torch.Tensor:
         """[hi - lo] the slot numbers lo..hi-1 on the device."""
         return self.slot_ids[lo:hi]
