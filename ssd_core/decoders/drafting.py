@@ -20,6 +20,8 @@ def draft(run: Run, target: int, pick) -> None:
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
     slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
+    Heads trained with `refine` draft each cell of a Hv row from one Hh step on Hv's feature of the cell
+    to its left and the token drafted there (acceptance.vertical_drafts).
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
@@ -35,9 +37,19 @@ def draft(run: Run, target: int, pick) -> None:
             with torch.no_grad():
                 pred = heads.vertical(run.features[:, above], _embed(run, above))  # [B, n, d] -> h of `slots`
             run.head_calls += 1
-            prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots)
-            run.set_tokens(slots, codes)
+            if heads.refine:  # one Hh step from Hv's feature on the left, with the token drafted there
+                base = feature(run, s - 1)
+                for i, t in enumerate(slots.tolist()):
+                    one = torch.tensor([t])
+                    code = pick(run.logp(run.model.image_logits(base[:, None]), one, "heads"), one)
+                    run.set_tokens(one, code)
+                    with torch.no_grad():
+                        base = heads.horizontal(base if i == 0 else pred[:, i - 1], _embed(run, one)[0])
+                    run.head_calls += 1
+            else:
+                prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
+                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), slots)
+                run.set_tokens(slots, codes)
             run.features[:, slots] = pred
         else:  # horizontal chain, one slot at a time
             for t in slots.tolist():
