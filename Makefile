@@ -43,11 +43,14 @@ test-engine-457:
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
 # augmented copies each, ~5,400 grids) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
 # features stored in build/heads/; Hv trained plain and refined (kept refined where that is accepted more);
-# held-out acceptance logged and heads saved every 100 steps. Run as `make -o install heads` in a ready venv.
+# held-out acceptance logged and heads saved every 100 steps; HEADS_UNTIL=HH:MM bounds it in time (features of
+# the grids done in 60% of the time left, then a one-cycle lr schedule on the rest; HEADS_STEPS stays a cap).
+# Run as `make -o install heads` in a ready venv.
 HEADS_COPIES ?= 8
 HEADS_SAMPLES ?= 0
 HEADS_STEPS ?= 600
 HEADS_THREADS ?= 2
+HEADS_UNTIL ?=
 heads: install
 	mkdir -p build/heads
 	OMP_NUM_THREADS=$(HEADS_THREADS) SSD_THREADS=$(HEADS_THREADS) $(PY) -m reference_recipe.grids \
@@ -56,7 +59,7 @@ heads: install
 	OMP_NUM_THREADS=$(HEADS_THREADS) $(PY) -m ssd_core train-heads --model reference \
 		--grids build/heads/data_grids.safetensors --samples $(HEADS_SAMPLES) --gen-batch 32 \
 		--heldout-grids build/heads/heldout_grids.safetensors --batch 8 --epochs 100 --max-steps $(HEADS_STEPS) \
-		--refine --checkpoint-every 100 --features build/heads/features.safetensors --out build/heads/heads.safetensors
+		--refine --checkpoint-every 100 $(if $(HEADS_UNTIL),--until $(HEADS_UNTIL)) --features build/heads/features.safetensors --out build/heads/heads.safetensors
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
 weights-table: install

@@ -46,7 +46,8 @@ class TrainConfig:
     intermediate: int | None = None
     max_steps: int | None = None  # stop after this many optimiser steps (None: every epoch)
     stale_share: float = 0.0  # Hv trained on features with this share of tokens changed (0 = true features)
-    until: float | None = None  # stop at this time (time.time()); the one-cycle lr schedule then runs on time
+    until: float | None = None  # stop at this time (time.time()): features of the grids done in 60% of the time
+    #                             left, then the one-cycle lr schedule runs on the time left
     checkpoint_every: int = 0  # every this many steps: held-out expected acceptance logged, heads saved (0 = off)
     refine: bool = False  # also train Hv's drafts refined by one Hh step along the new row; used if they win
 
@@ -106,11 +107,17 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
 
 @torch.no_grad()
 def collect_features(model, prompts: list, codes: torch.Tensor, settings: SamplerSettings, layout: Layout,
-                     batch: int = 8, dtype: torch.dtype = torch.float32):
+                     batch: int = 8, dtype: torch.dtype = torch.float32, stop_at: float | None = None,
+                     log=None):
     """Teacher-forced pre-norm features: h [N, S, L+1, d] (S streams; index 0 = prompt end, j+1 = slot j),
-    sequence ids [N, L]."""
+    sequence ids [N, L]; stop_at (time.time()): only the first grids done by then (N fewer)."""
     feats, ids_all = [], []
+    t0 = time.time()
     for b in range(0, len(prompts), batch):
+        if stop_at is not None and b and time.time() >= stop_at:  # one batch at least
+            break
+        if log is not None and b and b % (64 * batch) == 0:
+            log(f"  features of {b}/{len(prompts)} grids ({time.time() - t0:.0f} s)")
         chunk, c = prompts[b:b + batch], codes[b:b + batch]
         k = len(chunk)
         prompt = stack_prompts([model.build_prompt(p, "", settings.guided, layout.grid) for p in chunk])
@@ -216,9 +223,9 @@ def agreement(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layo
     return out
 
 
-def features_for(model, prompts, codes, settings, layout, batch, path=None, log=print):
+def features_for(model, prompts, codes, settings, layout, batch, path=None, log=print, stop_at=None):
     """Teacher-forced features, read from `path` when it holds them for these grids, else computed (and
-    stored there, fp16)."""
+    stored there, fp16); stop_at: the first grids done by then only (h, ids of N' <= N grids)."""
     from safetensors.torch import load_file, save_file
 
     if path is not None and Path(path).is_file():
@@ -227,10 +234,11 @@ def features_for(model, prompts, codes, settings, layout, batch, path=None, log=
             log(f"features of {codes.shape[0]} grids read from {path}")
             return data["h"], data["ids"]
     t0 = time.time()
-    h, ids = collect_features(model, prompts, codes, settings, layout, batch, torch.float16 if path else torch.float32)
-    log(f"features of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
+    h, ids = collect_features(model, prompts, codes, settings, layout, batch, torch.float16 if path else torch.float32,
+                              stop_at, log)
+    log(f"features of {h.shape[0]} of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
     if path is not None:
-        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes.contiguous()}, str(path))
+        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes[:h.shape[0]].contiguous()}, str(path))
     return h, ids
 
 
@@ -290,7 +298,11 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         n_held = len(held_prompts)
     for p in model.model.parameters():  # heads-only backward: the base model is frozen
         p.requires_grad_(False)
-    h_train, ids_train = features_for(model, prompts, codes, settings, layout, cfg.gen_batch, features, log)
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed))  # a prefix is a sample
+    prompts, codes = [prompts[i] for i in order.tolist()], codes[order]
+    stop_at = None if not cfg.until else time.time() + 0.6 * (cfg.until - time.time())  # features: 60% at most
+    h_train, ids_train = features_for(model, prompts, codes, settings, layout, cfg.gen_batch, features, log, stop_at)
+    prompts, codes = prompts[:h_train.shape[0]], codes[:h_train.shape[0]]
     h_held, ids_held = collect_features(model, held_prompts, held_codes, settings, layout, cfg.gen_batch)
     stale_train = None
     if cfg.stale_share > 0:

@@ -104,3 +104,14 @@ def test_until_is_a_clock_time_later_today():
     later = time.localtime(time.time() + 120)
     if later.tm_mday == time.localtime().tm_mday:  # not across midnight
         assert 0 < _clock_time(f"{later.tm_hour}:{later.tm_min:02d}") - time.time() <= 120
+
+
+def test_train_heads_until_bounds_features_and_steps(tiny, tmp_path):
+    """Past its time, the trainer still featurises one batch of grids, takes no step, and writes the heads."""
+    import time
+
+    model, _ = tiny
+    out = tmp_path / "late.safetensors"
+    _, report = train_heads(model, out, TrainConfig(samples=12, heldout=4, gen_batch=4, until=time.time() - 1),
+                            log=lambda *_: None)
+    assert report["samples"] == 4 and report["steps"] == 0 and out.is_file()
