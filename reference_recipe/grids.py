@@ -15,7 +15,8 @@ import torch
 from ssd_core.pixel_decoders.reference_vq import load_vq
 
 from . import data as D
-from .recipe import SEED, tokenize
+from .common import SEED
+from .vq import tokenize
 
 
 def main(argv=None) -> None:

@@ -46,3 +46,29 @@ def test_explicit_omp_num_threads_is_left_alone(model, two_threads, monkeypatch)
 def test_the_bundled_model_is_small(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert threads.sampling_threads(ssd_core.load_model("reference")) == 1
+
+
+def test_threads_bench_runs_at_the_count_it_names_beside_busy_loops_and_restores_the_rule(capsys, two_threads):
+    from ssd_core.dev import threads_bench
+
+    rule = threads.sampling_threads
+    counts = []
+    real = threads_bench.wall_of_one_image
+
+    def spy(model, heads, decoder, n, seed, grid):
+        wall = real(model, heads, decoder, n, seed, grid)
+        counts.append((n, torch.get_num_threads()))
+        return wall
+
+    threads_bench.wall_of_one_image = spy
+    try:
+        assert threads_bench.main(["--decoders", "ar", "--loads", "0,1", "--threads", "1", "--repeats", "1",
+                                   "--grid", "2x3"]) == 0
+    finally:
+        threads_bench.wall_of_one_image = real
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("0", "ar", "1"), ("1", "ar", "1")]
+    assert all(float(r[3]) > 0 for r in rows) and rows[0][6] == "1.00"
+    assert all(asked == used for asked, used in counts) and {a for a, _ in counts} == {1}
+    assert torch.get_num_threads() == 2  # two_threads set 2 before the bench
+    assert threads.sampling_threads is rule  # the rule is back after the bench
