@@ -1,5 +1,5 @@
 """Recipe stages 4 and 6: the AR model (llama-grid family): sequences, loss, training with a held-out
-NLL and best-checkpoint keeping, and the v1 -> v2 -> v2.1 schedules of the shipped model."""
+NLL and best-checkpoint keeping, and the v1 -> v2 schedules of the shipped model."""
 from __future__ import annotations
 
 import copy
@@ -243,17 +243,3 @@ def train_ar_v2(tok: dict, v1_dir: str, out_dir: str, steps: int = AR2_STEPS, bu
                     eval_every=eval_every, class_names=D.V2_CLASSES, deadline=deadline, budget_s=budget_s, bf16=bf16,
                     row_end=True, widen_from=v1_dir, class_map=v2_class_map(), peak_steps=steps // 3,
                     seed=SEED + 2)
-
-
-# v2.1 (shipped): v2 continued once more, since its seam-crossing share and held-out NLL were still falling:
-# fresh AdamW, 20-step warmup, lr AR21_LR linearly to 0 over AR21_STEPS steps (budget-sized on the day)
-AR21_STEPS = 453
-AR21_LR = 3e-4
-AR21_BATCH = 8
-
-
-def train_ar_v21(tok: dict, v2_dir: str, out_dir: str, steps: int = AR21_STEPS, budget_s: float | None = None,
-                 deadline: float | None = None, eval_every: int = 50) -> dict:
-    return train_ar(tok, len(D.V2_CLASSES), out_dir, steps=steps, batch=AR21_BATCH, lr=AR21_LR, eval_every=eval_every,
-                    class_names=D.V2_CLASSES, init=v2_dir, row_end=True, seed=SEED + 3, budget_s=budget_s,
-                    deadline=deadline, bf16=False)

@@ -4,7 +4,7 @@
 
 Stages: data (render the emoji) -> VQ autoencoder -> tokenize (+ augmented copies) -> AR v1 (22
 classes) -> data set v2 (11 classes), its tokens and the yardstick classifier -> AR v2 (v1 continued
-with a row-end token after every row) -> AR v2.1 (v2 continued) -> draft heads. Other modes:
+with a row-end token after every row) -> draft heads. Other modes:
     python -m reference_recipe --sample MODEL_DIR [--png out.png]       # sample sheet
     python -m reference_recipe --score MODEL_DIR [--images N --seeds 0,1]  # class accuracy, FD, stripes
 """
@@ -24,8 +24,8 @@ import torch
 from ssd_core.pixel_decoders.reference_vq import save_vq
 from . import data as D
 from .common import SEED, log
-from .ar import (AR2_COPIES, AR2_STEPS, AR21_STEPS, AR_COOL_LR, AR_COOL_STEPS, AR_STEPS, AR_STOP, eval_ar,
-                 layout, train_ar, train_ar_v2, train_ar_v21)
+from .ar import (AR2_COPIES, AR2_STEPS, AR_COOL_LR, AR_COOL_STEPS, AR_STEPS, AR_STOP, eval_ar,
+                 layout, train_ar, train_ar_v2)
 from .score import load_model_dir, sample_sheet, score_model, write_heldout_file
 from .vq import eval_vq, load_vq, tokenize, train_vq
 from .yardstick_train import YARDSTICK_STEPS, train_yardstick
@@ -128,21 +128,17 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     best2 = train_ar_v2(tok2, v1_dir, os.path.join(out, "ar_v2"), steps=20 if quick else AR2_STEPS,
                         deadline=deadline, eval_every=10 if quick else 100)
     figures["ar_v2"] = best2
-    log("stage 6/7 (2): AR model v2.1 (v2 continued)")
-    best21 = train_ar_v21(tok2, os.path.join(out, "ar_v2", "best"), os.path.join(out, "ar_v21"),
-                          steps=20 if quick else AR21_STEPS, deadline=deadline, eval_every=10 if quick else 50)
-    figures["ar_v21"] = best21
     model_dir = os.path.join(out, "model")
     if os.path.exists(model_dir):
         shutil.rmtree(model_dir)
-    shutil.copytree(os.path.join(out, "ar_v21", "best"), model_dir)
+    shutil.copytree(os.path.join(out, "ar_v2", "best"), model_dir)
     save_vq(vq, os.path.join(model_dir, "vq.safetensors"), dtype=torch.float16)
     shutil.copy(os.path.join(out, "yardstick.safetensors"), os.path.join(model_dir, "yardstick.safetensors"))
     model, meta = load_model_dir(model_dir)
     lay = layout(len(D.V2_CLASSES), row_end=True)
     figures["ar_heldout_nll_fp16"] = eval_ar(model, tok2["heldout_tokens"], tok2["heldout_labels"], lay)
-    log(f"AR v2.1 held-out NLL (shipped fp16 weights): {figures['ar_heldout_nll_fp16']:.4f} nats per image token "
-        f"(best step {best21['step']}, {(best2['train_seconds'] + best21['train_seconds']) / 60:.1f} min v2 + v2.1)")
+    log(f"AR v2 held-out NLL (shipped fp16 weights): {figures['ar_heldout_nll_fp16']:.4f} nats per image token "
+        f"(best step {best2['step']}, {best2['train_seconds'] / 60:.1f} min)")
     write_heldout_file(model_dir, tok2, ds2, os.path.join(out, "heldout_tokens.safetensors"))
     # 7. heads  ------------------------------------------------------------------------------
     # the engine's self-distillation trainer on stored grids: 384 v2 training grids (teacher-forced, no sampling)

@@ -45,29 +45,40 @@ def horizontal_chain(heads, h: torch.Tensor, e: torch.Tensor, layout, depth: int
     return torch.stack(out, dim=3)
 
 
-def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns: bool = False) -> torch.Tensor:
+def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns: bool = False,
+                    refine: bool = False) -> torch.Tensor:
     """Hv on the row above: [N, S, H-1, W-1, d] the feature predicted at cell (y, x) for y >= 1, x < W-1,
-    which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d])."""
+    which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d]).
+    refine: then one Hh step along the new row, which sees the token drafted at (y, x): Hh(Hv's feature at
+    (y, x-1) (x = 0: the feature of the slot before the row), e(token (y, x)))."""
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
+    S = h.shape[1]
     above = cells[:-1] if all_columns else cells[:-1, :-1]  # the cell above each (y, x)
-    return heads.vertical(h[:, :, above + 1], e[:, None, above].expand(-1, h.shape[1], -1, -1, -1))
+    pv = heads.vertical(h[:, :, above + 1], e[:, None, above].expand(-1, S, -1, -1, -1))
+    if not refine:
+        return pv
+    n = pv.shape[3]
+    prev = torch.cat([h[:, :, cells[1:, 0]][:, :, :, None], pv[:, :, :, :n - 1]], dim=3)  # features before (y, x)
+    return heads.horizontal(prev, e[:, None, cells[1:, :n]].expand(-1, S, -1, -1, -1))
 
 
 @torch.no_grad()
 def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, settings: SamplerSettings,
-                     chunk: int = 8) -> dict:
+                     chunk: int = 8, h_stale: torch.Tensor | None = None, refine: bool = False) -> dict:
     """Expected acceptance of the heads' drafts on teacher-forced grids h [N, S, L+1, d], ids [N, L].
 
     horizontal: row chains (the first row's drafts), by depth 1..W-1; vertical: by drafted column 1..W-1;
     expected: both over every head-drafted cell as ssd drafts them (row 0 by Hh, the rows below by Hv).
-    Top-1 agreement of the guided argmax beside it.
+    Top-1 agreement of the guided argmax beside it. h_stale [N, S, L+1, d]: features of the same grids with
+    some tokens changed (as a row's features from before its last verify round): also scores Hv on them
+    (`vertical_stale_expected`, the realistic figure); refine: Hv drafts refined by one Hh step.
     """
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     dev, dtype = model.device, model.dtype
     sums = {"h": torch.zeros(W - 1), "v": torch.zeros(W - 1), "h0": torch.zeros(W - 1),
-            "h_top1": torch.zeros(W - 1), "v_top1": torch.zeros(W - 1)}
+            "h_top1": torch.zeros(W - 1), "v_top1": torch.zeros(W - 1), "v_stale": torch.zeros(W - 1)}
     n = 0
     for b in range(0, h.shape[0], chunk):
         hb = h[b:b + chunk].to(dev, dtype)
@@ -79,8 +90,12 @@ def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, s
         sums["h0"] += acc_h[:, 0].sum(0).cpu()
         sums["h_top1"] += (p.argmax(-1) == qh.argmax(-1)).float().sum((0, 1)).cpu()
         if H > 1:
-            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout), settings)  # [n, H-1, W-1, V]
+            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout, refine=refine), settings)  # [n, H-1, W-1, V]
             sums["v"] += overlap(p[:, 1:], qv).sum((0, 1)).cpu()
+            if h_stale is not None:
+                hs = h_stale[b:b + chunk].to(dev, dtype)
+                qs = guided_logp(model, vertical_drafts(heads, hs, e, layout, refine=refine), settings)
+                sums["v_stale"] += overlap(p[:, 1:], qs).sum((0, 1)).cpu()
             sums["v_top1"] += (p[:, 1:].argmax(-1) == qv.argmax(-1)).float().sum((0, 1)).cpu()
         n += hb.shape[0]
     by_depth = sums["h"] / (n * H)  # every row's chain
@@ -98,6 +113,9 @@ def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, s
         out["vertical_expected"] = _r(by_col.mean())
         out["vertical_top1_guided"] = _r(sums["v_top1"].sum() / (n * (H - 1) * (W - 1)))
         out["vertical_expected_by_column"] = [_r(v) for v in by_col]
+        if h_stale is not None:
+            out["vertical_stale_expected"] = _r(sums["v_stale"].sum() / (n * (H - 1) * (W - 1)))
+            out["expected_acceptance_stale"] = _r((sums["h0"].sum() + sums["v_stale"].sum()) / (n * (W - 1) * H))
     return out
 
 

@@ -96,7 +96,25 @@ def validate(args) -> None:
         args.train_config = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
                                         ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll,
                                         seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
-                                        max_steps=args.max_steps)
+                                        max_steps=args.max_steps, stale_share=args.stale_share,
+                                        refine=args.refine, checkpoint_every=args.checkpoint_every,
+                                        until=_clock_time(args.until))
+
+
+def _clock_time(text):
+    """'HH:MM' -> that time today as time.time() (None -> None)."""
+    if text is None:
+        return None
+    import datetime
+
+    try:
+        hour, minute = (int(v) for v in text.split(":"))
+        when = datetime.datetime.now().replace(hour=hour, minute=minute, second=0, microsecond=0)
+    except ValueError:
+        raise SSDError(f"--until {text!r} is not a clock time: give HH:MM, e.g. 16:50") from None
+    if when <= datetime.datetime.now():
+        raise SSDError(f"--until {text} has passed already: give a later time today")
+    return when.timestamp()
 
 
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
@@ -248,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--unroll", type=int, default=0, help="horizontal head trained on its own outputs along "
                    "rows to this chain depth (0 = the row's width - 1, 1 = teacher-forced pairs only)")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    t.add_argument("--stale-share", type=float, default=0.0, help="train Hv on features with this share of "
+                   "tokens changed, as it meets them in ssd (the last verify round changes some; 0 = true features)")
+    t.add_argument("--until", default=None, help="HH:MM (this machine's clock, today): stop training then; the "
+                   "one-cycle learning-rate schedule runs on the time left (--max-steps stays a cap)")
+    t.add_argument("--checkpoint-every", type=int, default=0, help="every N steps: log the held-out expected "
+                   "acceptance and save the heads so far beside --out (0 = off)")
+    t.add_argument("--refine", action="store_true", help="also train Hv's drafts refined by one Hh "
+                   "step along the new row; the heads refine when that is accepted more on the held-out grids")
     t.add_argument("--features", default=None, help="store / reuse the training grids' features in this file")
     t.add_argument("--heldout-grids", default=None, help="score on these grids (safetensors, like --grids) "
                    "instead of the last --heldout training grids")

@@ -4,7 +4,7 @@ State: a committed prefix (in the KV cache, computed from final tokens only) and
 [cached, end) whose tokens are drafts or final-but-uncached. Each step: one forward of the base model
 over the window; the policy reads the guided log-probs of every window slot (and of the slot just past
 it), finalizes / corrects tokens and extends the window; the cache is cropped back to the longest
-prefix whose keys were computed from final tokens.
+prefix whose keys were computed from final tokens (per image in a batch).
 """
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
                  score: bool = True) -> list[tuple[Run, T.Trace]]:
     """N generations with one base-model forward per step for all N x CFG streams -> [(Run, Trace)] in order.
 
-    The batch shares one cache length C. Each step every image feeds its slots [C, end): final tokens it
-    keeps but the cache does not hold yet, then its window; shorter feeds are padded on the right, and the
-    padding is invisible to every other query. The cache is then cropped to the shortest prefix any image
-    keeps, so no padding key survives and an image further ahead re-feeds its final tokens (same context,
-    same keys). Per-image state stays in its Run; a finished image leaves the batch.
+    Each image keeps its own cache length (the session's per-row `held`): every step it feeds its window
+    [keep, end), exactly what its single run feeds, at its own positions; shorter feeds are padded on the
+    right, and the padding is invisible to every other query. Then each image's rows are cropped to the
+    prefix it keeps, so no padding or rejected key is ever attended to. Per-image state stays in its Run; a
+    finished image leaves the batch.
     """
     if policies[0].needs_heads and heads is None:
         raise SSDError(f"decoder {decoder_name!r} drafts with SSD heads: load heads for this model "
@@ -80,8 +80,9 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     dev = model.device
     N = len(prompts)
     t0 = _now(dev)
-    session = model.start(stack_prompts(prompts) if N > 1 else prompts[0])
+    session = model.start(stack_prompts(prompts) if N > 1 else prompts[0], N)
     rows = [torch.arange(i, session.batch, N, device=dev) for i in range(N)]  # the cache rows of image i: its streams
+    host_rows = [list(range(i, session.batch, N)) for i in range(N)]  # the same, as host numbers
     runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows)]
     timings["prefill"] = _now(dev) - t0
     for run, policy in zip(runs, policies):
@@ -93,8 +94,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     while active:
         if should_cancel is not None and should_cancel():
             raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
-        C = session.cached
-        fed = [runs[i].ids[C:runs[i].end].clone() for i in active]
+        fed = [runs[i].ids[runs[i].keep:runs[i].end].clone() for i in active]
         n = max(f.numel() for f in fed)
         t1 = _now(dev)
         if n:
@@ -102,14 +102,13 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
                                          [rows[i] for i in active], fed, n, pad_id, decoder_name)
         t2 = _now(dev)
         drafting = timings["draft"]
-        step_logits = []
+        held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
         for j, i in enumerate(active):
             run, k = runs[i], fed[j].numel()
-            run.start = run.cached = C
-            run.verified[run.keep:run.end] += 1  # the slots its own run would feed
-            if run.end > run.keep:
-                run.steps += 1
+            C = run.start = run.cached = run.keep  # its own cache length: the window starts there
+            run.verified[C:run.end] += 1
             if k:
+                run.steps += 1
                 run.features[:, C:C + k] = feats[rows[i], :k]
                 logits = torch.cat([run.next_logits[:, None], all_logits[rows[i], :k]], dim=1)
             else:
@@ -117,40 +116,44 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
             run.feeding(fed[j], visibles[j] if k else None)
             policies[i].update(run, logits, feats[rows[i], :k] if k else None)
             run.keep = run.kept()  # the step's one host copy (made by the policy, or here)
-            step_logits.append(logits)
+            run.cached, run.next_logits = run.keep, logits[:, run.keep - C]
+            for r in host_rows[i]:
+                held[r] = run.keep
         timings["forward"] += t2 - t1
         timings["policy"] += _now(dev) - t2 - (timings["draft"] - drafting)
-        crop = min(runs[i].keep for i in active)
-        session.crop(crop)
-        for j, i in enumerate(active):
-            runs[i].cached = crop
-            runs[i].next_logits = step_logits[j][:, crop - C]
+        session.crop(held)
+        for i in active:
             if on_step is not None and n:
                 on_step(T.progress(runs[i], i))
         done = [i for i in active if runs[i].done]
         if done:
             active = [i for i in active if i not in done]
             finalize = 0
-            if not active and crop < layout.num_slots:  # the last tokens' keys: the cache holds every sequence
+            first = min(runs[i].keep for i in done)
+            if not active and first < layout.num_slots:  # the last tokens' keys: the cache holds every sequence
                 t1 = _now(dev)
-                last = torch.zeros(session.batch, layout.num_slots - crop, dtype=torch.long, device=dev)
+                held = list(session.held_host)
+                last = [runs[i].ids[runs[i].keep:] for i in done]
+                session.forward(*_batch_ids(session, [rows[i] for i in done], last, [None] * len(done),
+                                            layout.num_slots - first, pad_id))
                 for i in done:
-                    last[rows[i]] = runs[i].ids[crop:]
-                session.forward(last)
+                    for r in host_rows[i]:
+                        held[r] = layout.num_slots
+                session.crop(held)
                 timings["finalize"] = _now(dev) - t1
                 finalize = 1
             timings["wall"] = _now(dev) - t0
             for i in done:
                 runs[i].flush()
-                runs[i].cached = session.cached
+                runs[i].cached = session.held_host[host_rows[i][0]]
                 traces[i] = T.from_run(runs[i], decoder_name, getattr(policies[i], "params", {}), dict(timings),
                                        finalize, _peak_memory_mb(dev))
             if active and callable(getattr(session, "select", None)):  # the finished images' streams leave the cache
-                keep_rows = torch.cat([rows[i] for i in active])
-                session.select(keep_rows)
+                session.select(torch.cat([rows[i] for i in active]), [r for i in active for r in host_rows[i]])
                 offset = 0
                 for i in active:
-                    rows[i] = torch.arange(offset, offset + rows[i].numel())
+                    rows[i] = torch.arange(offset, offset + rows[i].numel(), device=dev)
+                    host_rows[i] = list(range(offset, offset + rows[i].numel()))
                     offset += rows[i].numel()
     if score:
         for i, (run, prompt) in enumerate(zip(runs, prompts)):
@@ -170,22 +173,29 @@ def _forward(model, session: Session, runs: list[Run], policies: list[Policy], r
     for run, f in zip(runs, fed):  # checked at the step's sync
         run.expect((f >= 0).all(), lambda run=run, f=f: _no_token(decoder_name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
-    if len(runs) == 1:
-        ids, visible = fed[0], visibles[0]
-    else:
-        ids = torch.full((session.batch, n), pad_id, dtype=torch.long, device=fed[0].device)
-        visible = torch.zeros(session.batch, n, dtype=torch.bool, device=fed[0].device)
-        for r, f, v in zip(rows, fed, visibles):
-            ids[r, :f.numel()] = f
-            visible[r, :f.numel()] = True if v is None else v
-        if all(v is None for v in visibles) and all(f.numel() == n for f in fed):
-            visible = None
-    features = session.forward(ids, visible)
+    features = session.forward(*_batch_ids(session, rows, fed, visibles, n, pad_id))
     return features, model.image_logits(features), visibles
 
 
 def _no_token(decoder_name: str, run: Run, fed: torch.Tensor):
     raise RuntimeError(f"{decoder_name}: window slot without a token at {run.start + int((fed < 0).nonzero()[0])}")
+
+
+def _batch_ids(session: Session, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,
+               pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each image's fed ids on its rows, right-padded to n -> ids ([n] when one image fills the batch, else
+    [B, n]) and the visible slots (None: all; padding and rows of no image are invisible)."""
+    if len(rows) == 1 and rows[0].numel() == session.batch and fed[0].numel() == n:
+        return fed[0], visibles[0]
+    dev = fed[0].device
+    ids = torch.full((session.batch, n), pad_id, dtype=torch.long, device=dev)
+    visible = torch.zeros(session.batch, n, dtype=torch.bool, device=dev)
+    for r, f, v in zip(rows, fed, visibles):
+        ids[r, :f.numel()] = f
+        visible[r, :f.numel()] = True if v is None else v
+    whole = sum(r.numel() for r in rows) == session.batch and all(v is None for v in visibles) and \
+        all(f.numel() == n for f in fed)  # known on the host: no copy
+    return ids, (None if whole else visible)
 
 
 def _peak_memory_mb(dev: torch.device) -> float:

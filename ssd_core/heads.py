@@ -51,6 +51,11 @@ class DraftHeads(nn.Module):
     def for_model(cls, model, intermediate: int | None = None, **extra) -> "DraftHeads":
         return cls(model.family, model.hidden_size, model.image_vocab_size, model.default_grid, intermediate, extra)
 
+    @property
+    def refine(self) -> bool:
+        """Whether Hv's drafts are refined by one Hh step along the new row (heads trained so)."""
+        return str(self.extra.get("refine", "0")) == "1"
+
     def metadata(self) -> dict[str, str]:
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "family": self.family,
                 "hidden_size": str(self.hidden), "image_vocab_size": str(self.image_vocab),

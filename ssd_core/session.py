@@ -72,7 +72,11 @@ def capture_input(module: torch.nn.Module):
 
 
 class Session:
-    """One generation's KV cache over [prompt ; slots]. Batch row 0 is conditional, row 1 unconditional."""
+    """One generation's KV cache over [prompt ; slots]. Batch row 0 is conditional, row 1 unconditional.
+
+    Each stream row holds its own number of slots (`held`): its keys sit at the slot columns [0, held), in
+    slot order, and the columns past it (up to `cached`, the most any row holds) are masked out for it. One
+    row's feed writes its slots held .. held + n - 1, whatever the other rows hold (batches of images)."""
 
     def __init__(self, model, prompt: Prompt):
         """model: the GridModel (families/base.py) whose backbone, embeddings and final norm run the steps."""
@@ -85,26 +89,29 @@ class Session:
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
         self.cache = DynamicCache()
         self.cache_kw = cache_kwarg(model.backbone())  # 'cache' in transformers 5, else 'past_key_values'
-        self.cached = 0  # image-sequence slots whose keys are in the cache
+        self.held = torch.zeros(self.batch, dtype=torch.long)  # [B] on the CPU: slots whose keys each row holds
+        self.held_host = [0] * self.batch  # the same as host numbers (read without a tensor op)
+        self.cached = 0  # slot columns in the cache: the most slots any row holds
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, 0, None, prefill=True))
+        feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, None, prefill=True))
         self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
 
-    def _mask(self, n: int, past_slots: int, visible: torch.Tensor | None, prefill: bool = False) -> torch.Tensor:
-        """Float additive mask [B, 1, n, keys]: prompt padding, cached slots, causal (and visible) window.
+    def _mask(self, n: int, visible: torch.Tensor | None, prefill: bool = False) -> torch.Tensor:
+        """Float additive mask [B, 1, n, keys]: prompt padding, each row's held slots, causal (and visible) window.
 
         visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself)."""
         dev, dtype = self.m.device, self.m.dtype
-        P = self.prompt_len
+        P, past = self.prompt_len, self.cached
         win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None]  # [1 or B, n, n]
         if visible is not None:  # keys of invisible window slots are hidden from every other query
             win = win & (visible.to(dev).view(-1, 1, n) | torch.eye(n, dtype=torch.bool, device=dev))
         if prefill:  # the prompt itself: causal over the prompt's real tokens
             allowed = win & self.prompt_mask[:, None, :]
         else:
-            allowed = torch.ones(self.batch, n, P + past_slots + n, dtype=torch.bool, device=dev)
+            allowed = torch.ones(self.batch, n, P + past + n, dtype=torch.bool, device=dev)
             allowed[:, :, :P] &= self.prompt_mask[:, None, :]
-            allowed[:, :, P + past_slots:] = win
+            allowed[:, :, P:P + past] = held_columns(self.held, past).to(dev)[:, None, :]
+            allowed[:, :, P + past:] = win
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
@@ -117,37 +124,81 @@ class Session:
         return box["x"]
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
 
         visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
-        pos = self.real_len[:, None] + self.cached + torch.arange(n, device=dev)[None]
-        feats = self._run(ids, pos, self._mask(n, self.cached, visible))
+        pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(n, device=dev)[None]
+        feats = self._run(ids, pos, self._mask(n, visible))
+        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
+        self.held += n
+        self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats
 
-    def crop(self, slots: int) -> None:
-        """Keep the prompt and the first `slots` slots in the cache."""
-        drop = self.cached - slots
+    def crop(self, slots) -> None:
+        """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row) in the cache."""
+        self.held_host = held_minimum(self.held_host, slots)
+        self.held = torch.tensor(self.held_host, dtype=torch.long)
+        drop = self.cached - max(self.held_host)
         if drop > 0:
             self.cache.crop(-drop)
-            self.cached = slots
+            self.cached -= drop
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (in this order): the streams of images that are still generating."""
-        rows = rows.to(self.m.device)
-        self.cache.batch_select_indices(rows)
-        self.prompt_mask, self.real_len = self.prompt_mask[rows], self.real_len[rows]
-        self.last_features = self.last_features[rows]
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Keep only these batch rows (in this order): the streams of images that are still generating
+        (host_rows: the same as host numbers, when the caller has them)."""
+        on_device = rows.to(self.m.device)
+        self.cache.batch_select_indices(on_device)
+        self.prompt_mask, self.real_len = self.prompt_mask[on_device], self.real_len[on_device]
+        self.last_features = self.last_features[on_device]
+        self.held_host = [self.held_host[r] for r in (rows.tolist() if host_rows is None else host_rows)]
+        self.held = torch.tensor(self.held_host, dtype=torch.long)
         self.batch = int(rows.numel())
+        self.crop(self.held_host)  # slot columns no remaining row holds leave the cache
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        layers = getattr(self.cache, "layers", None)
-        if layers is not None:
-            return [(layer.keys, layer.values) for layer in layers]
-        return list(zip(self.cache.key_cache, self.cache.value_cache))
+        return layer_tensors(self.cache)
+
+
+def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's whole (keys, values) [B, heads, columns, head_dim] (transformers 5 and 4.57)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def held_columns(held: torch.Tensor, columns: int) -> torch.Tensor:
+    """[B, columns] bool: the slot columns each row holds (its keys), the rest masked out."""
+    return torch.arange(columns)[None, :] < held[:, None]
+
+
+def held_minimum(held: list[int], slots) -> list[int]:
+    """Each row's held slots after a crop to `slots` (an int for every row, or one per row: list or tensor)."""
+    if isinstance(slots, int):
+        return [min(h, slots) for h in held]
+    return [min(h, int(c)) for h, c in zip(held, slots if isinstance(slots, list) else slots.tolist())]
+
+
+def pack_fed_keys(layers, prompt_len: int, held: torch.Tensor, cached: int, n: int, lo: int | None = None) -> None:
+    """After a feed of n slots written at slot columns [cached, cached + n) for every row: move row b's to
+    [held_b, held_b + n), so that every row's keys stay in slot order from column 0 (in place).
+
+    layers: (keys, values) [B, heads, >= prompt_len + cached + n, head_dim]; held [B]: slots held before the feed."""
+    lo = int(held.min()) if lo is None else lo  # the fewest slots a row held
+    if lo == cached:  # every row held `cached` slots: the feed is in place already
+        return
+    col = torch.arange(lo, cached + n)[None]  # [1, W] the slot columns that may change
+    offset = col - held[:, None]  # [B, W] column's index in the row's feed
+    source = torch.where((offset >= 0) & (offset < n), cached + offset, col) - lo  # [B, W] column to read
+    a, b = prompt_len + lo, prompt_len + cached + n
+    for keys, values in layers:
+        index = source.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+        keys[:, :, a:b] = keys[:, :, a:b].gather(2, index)
+        values[:, :, a:b] = values[:, :, a:b].gather(2, index)
 
 
 def stack_prompts(prompts: list[Prompt]) -> Prompt:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import SSDError
-from .session import Prompt, cache_kwarg
+from .session import Prompt, cache_kwarg, held_columns, held_minimum, layer_tensors, pack_fed_keys
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # padded window lengths: one compiled graph each
 MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
@@ -119,16 +119,19 @@ def _set_length(cache, length: int) -> None:
 
 
 class StaticSession:
-    """Session (session.py) over a preallocated static cache: same interface (forward, crop, cached,
-    last_features, cache_tensors), masks over the whole capacity, windows padded to buckets."""
+    """Session (session.py) over a preallocated static cache: same interface (forward, crop, held, cached,
+    last_features, cache_tensors), masks over the whole capacity, windows padded to buckets.
 
-    def __init__(self, model, prompt: Prompt, opts: StaticOptions):
+    images > 1 (a batch): rows hold different numbers of slots and a feed is written after the most any row
+    holds before it moves into place, so the capacity is two layouts' slots instead of one."""
+
+    def __init__(self, model, prompt: Prompt, opts: StaticOptions, images: int = 1):
         self.m, self.opts = model, opts
         dev = model.device
         self.prompt_mask = prompt.mask.to(dev)
         self.batch, self.prompt_len = prompt.ids.shape
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
-        need = self.prompt_len + opts.slots + max(opts.buckets)
+        need = self.prompt_len + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
         self.capacity = -(-need // 64) * 64  # rounded, so that prompts of nearby lengths share a cache
         key = (self.batch, self.capacity)
         if key not in opts.pool:
@@ -136,7 +139,9 @@ class StaticSession:
             opts.pool[key] = (cache, _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if opts.compiled else None)
         self.cache, self._eager, self._compiled = opts.pool[key]
-        self.cached = 0
+        self.held = torch.zeros(self.batch, dtype=torch.long)  # [B] on the CPU: slots whose keys each row holds
+        self.held_host = [0] * self.batch  # the same as host numbers
+        self.cached = 0  # slot columns in use: the most slots any row holds
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
         keys = torch.arange(self.capacity, device=dev)
         causal = keys[None, :] <= torch.arange(self.prompt_len, device=dev)[:, None]  # [P, C]
@@ -159,7 +164,7 @@ class StaticSession:
             return self._eager(embeds, mask[:, None], pos, cache_positions)
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed slots [cached, cached + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
+        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)
@@ -171,13 +176,16 @@ class StaticSession:
         if start + width > self.capacity:
             raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
                            "load the model with compile 'off'")
-        pos = self.real_len[:, None] + self.cached + torch.arange(width, device=dev)[None]
+        pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(width, device=dev)[None]
         feats = self._step(self.m.embed(ids), self._allowed(width, visible), pos, start, compiled=size is not None)
+        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
+        self.held += n
+        self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats[:, :n]
 
     def _allowed(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
-        """[B, width, C] bool: real prompt keys, cached slots, the causal (and visible) window; nothing later.
+        """[B, width, C] bool: real prompt keys, each row's held slots, the causal (and visible) window; nothing later.
 
         visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself)."""
         dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
@@ -190,18 +198,18 @@ class StaticSession:
             shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
             shown[:, :visible.shape[1]] = visible
             window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
-        past = ((keys >= P) & (keys < start))[None, None]  # [1, 1, C]
+        past = torch.nn.functional.pad(held_columns(self.held, self.cached).to(dev), (P, self.capacity - start))[:, None]
         prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
         return prompt[:, None, :] | window | past
 
-    def crop(self, slots: int) -> None:
-        """Keep the prompt and the first `slots` slots: only the valid length moves."""
-        self.cached = min(self.cached, slots)
+    def crop(self, slots) -> None:
+        """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row): only the valid
+        lengths move."""
+        self.held_host = held_minimum(self.held_host, slots)
+        self.held = torch.tensor(self.held_host, dtype=torch.long)
+        self.cached = max(self.held_host)
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The valid keys and values of every layer ([B, heads, prompt + cached, head_dim])."""
         n = self.prompt_len + self.cached
-        layers = getattr(self.cache, "layers", None)
-        if layers is not None:
-            return [(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in layers]
-        return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.cache.key_cache, self.cache.value_cache)]
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in layer_tensors(self.cache)]

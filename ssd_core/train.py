@@ -45,11 +45,17 @@ class TrainConfig:
     gen_batch: int = 8
     intermediate: int | None = None
     max_steps: int | None = None  # stop after this many optimiser steps (None: every epoch)
+    stale_share: float = 0.0  # Hv trained on features with this share of tokens changed (0 = true features)
+    until: float | None = None  # stop at this time (time.time()): features of the grids done in 60% of the time
+    #                             left, then the one-cycle lr schedule runs on the time left
+    checkpoint_every: int = 0  # every this many steps: held-out expected acceptance logged, heads saved (0 = off)
+    refine: bool = False  # also train Hv's drafts refined by one Hh step along the new row; used if they win
 
     def __post_init__(self):  # every value checked before any grid is sampled
         from .errors import SSDError
 
-        for name, low in (("samples", 0), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1)):
+        for name, low in (("samples", 0), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1),
+                          ("checkpoint_every", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
@@ -59,6 +65,8 @@ class TrainConfig:
             raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
         if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
             raise SSDError(f"train-heads ce_weight must be a number >= 0, got {self.ce_weight}")
+        if not (math.isfinite(self.stale_share) and 0 <= self.stale_share < 1):
+            raise SSDError(f"train-heads stale_share must be a number in [0, 1), e.g. 0.2, got {self.stale_share}")
 
 
 def sample_prompts(model, n: int, rng: random.Random) -> list:
@@ -99,11 +107,17 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
 
 @torch.no_grad()
 def collect_features(model, prompts: list, codes: torch.Tensor, settings: SamplerSettings, layout: Layout,
-                     batch: int = 8, dtype: torch.dtype = torch.float32):
+                     batch: int = 8, dtype: torch.dtype = torch.float32, stop_at: float | None = None,
+                     log=None):
     """Teacher-forced pre-norm features: h [N, S, L+1, d] (S streams; index 0 = prompt end, j+1 = slot j),
-    sequence ids [N, L]."""
+    sequence ids [N, L]; stop_at (time.time()): only the first grids done by then (N fewer)."""
     feats, ids_all = [], []
+    t0 = time.time()
     for b in range(0, len(prompts), batch):
+        if stop_at is not None and b and time.time() >= stop_at:  # one batch at least
+            break
+        if log is not None and b and b % (64 * batch) == 0:
+            log(f"  features of {b}/{len(prompts)} grids ({time.time() - t0:.0f} s)")
         chunk, c = prompts[b:b + batch], codes[b:b + batch]
         k = len(chunk)
         prompt = stack_prompts([model.build_prompt(p, "", settings.guided, layout.grid) for p in chunk])
@@ -117,9 +131,41 @@ def collect_features(model, prompts: list, codes: torch.Tensor, settings: Sample
     return torch.cat(feats), torch.cat(ids_all)
 
 
+@torch.no_grad()
+def stale_features(model, prompts: list, h: torch.Tensor, ids: torch.Tensor, settings: SamplerSettings,
+                   layout: Layout, share: float, batch: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features as Hv meets them: a row's features come from the forward before its last verify round, so
+    the cells changed in that round (`share` of them) were fed another token. Here each image cell is, with
+    probability `share`, fed another sample of the model's processed p (the true token excluded) -> h [N, S,
+    L+1, d] of those sequences (to be read with the true tokens' embeddings), changed [N, H*W] bool."""
+    gen = torch.Generator().manual_seed(seed)
+    H, W = layout.grid
+    cells = layout.slot_of_cell.view(H, W).flatten()
+    offset = int(model.code_to_id(torch.zeros(1, dtype=torch.long, device=model.device))[0])  # id of code 0
+    out, changed = [], []
+    for b in range(0, len(prompts), batch):
+        hb = h[b:b + batch].to(model.device, model.dtype)
+        seq = ids[b:b + batch].clone()  # [k, L] true sequence ids
+        codes = seq[:, cells] - offset  # [k, H*W] true image codes
+        p = guided_logp(model, hb[:, :, cells], settings).exp().float().cpu()  # [k, H*W, V]: p of each cell
+        p.scatter_(-1, codes[..., None], 0.0)  # another token than the true one
+        change = (torch.rand(codes.shape, generator=gen) < share) & (p.sum(-1) > 0)
+        new = codes.clone()
+        new[change] = torch.multinomial(p[change], 1, generator=gen)[:, 0]
+        seq[:, cells] = new + offset
+        session = model.start(stack_prompts([model.build_prompt(q, "", settings.guided, layout.grid)
+                                             for q in prompts[b:b + batch]]))
+        f = session.forward((seq.repeat(2, 1) if settings.guided else seq).to(model.device))  # [S*k, L, d]
+        f = torch.cat([session.last_features[:, None], f], dim=1)
+        out.append(f.view(-1, seq.shape[0], *f.shape[1:]).transpose(0, 1).to("cpu", h.dtype))
+        changed.append(change)
+    return torch.cat(out), torch.cat(changed)
+
+
 def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout, cfg: TrainConfig,
-                settings: SamplerSettings) -> dict:
-    """Losses of both heads on a batch of grids h [b, S, L+1, d] (teacher-forced), ids [b, L]."""
+                settings: SamplerSettings, h_stale: torch.Tensor | None = None) -> dict:
+    """Losses of both heads on a batch of grids h [b, S, L+1, d] (teacher-forced), ids [b, L]; h_stale:
+    the features Hv reads (see stale_features), else h."""
     h = h.to(model.device, model.dtype)
     e = model.embed(ids.to(model.device))  # [b, L, d]
     H, W = layout.grid
@@ -137,11 +183,15 @@ def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, la
         losses["horizontal_chain"] = F.smooth_l1_loss(chain.float(), targets[:, :, :, :D].float())
         drafts["h"] = chain
     if H > 1:
-        pred_v = vertical_drafts(heads, h, e, layout, all_columns=True)  # [b, S, H-1, W, d]
+        h_in = h if h_stale is None else h_stale.to(model.device, model.dtype)
+        pred_v = vertical_drafts(heads, h_in, e, layout, all_columns=True)  # [b, S, H-1, W, d]
         losses["vertical"] = F.smooth_l1_loss(pred_v.float(), h[:, :, cells[1:] + 1].float())
         drafts["v"] = pred_v[:, :, :, :-1]
+        if cfg.refine:  # Hh on Hv's features along the new row (drafts cells x >= 1), beside Hv's own drafts
+            drafts["r"] = vertical_drafts(heads, h_in, e, layout, refine=True)  # [b, S, H-1, W-1, d]
+            losses["refine"] = F.smooth_l1_loss(drafts["r"].float(), h[:, :, cells[1:, :-1] + 1].float())
     for name, q_feats in drafts.items():
-        true = targets[:, :, 1:] if name == "v" else targets[:, :, :, :q_feats.shape[3]]
+        true = targets[:, :, 1:] if name in ("v", "r") else targets[:, :, :, :q_feats.shape[3]]
         if cfg.kl_weight > 0 and S == (2 if settings.guided else 1):
             with torch.no_grad():
                 logp = guided_logp(model, true, settings)  # processed p [b, ..., V]
@@ -173,9 +223,9 @@ def agreement(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layo
     return out
 
 
-def features_for(model, prompts, codes, settings, layout, batch, path=None, log=print):
+def features_for(model, prompts, codes, settings, layout, batch, path=None, log=print, stop_at=None):
     """Teacher-forced features, read from `path` when it holds them for these grids, else computed (and
-    stored there, fp16)."""
+    stored there, fp16); stop_at: the first grids done by then only (h, ids of N' <= N grids)."""
     from safetensors.torch import load_file, save_file
 
     if path is not None and Path(path).is_file():
@@ -184,11 +234,30 @@ def features_for(model, prompts, codes, settings, layout, batch, path=None, log=
             log(f"features of {codes.shape[0]} grids read from {path}")
             return data["h"], data["ids"]
     t0 = time.time()
-    h, ids = collect_features(model, prompts, codes, settings, layout, batch, torch.float16 if path else torch.float32)
-    log(f"features of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
+    h, ids = collect_features(model, prompts, codes, settings, layout, batch, torch.float16 if path else torch.float32,
+                              stop_at, log)
+    log(f"features of {h.shape[0]} of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
     if path is not None:
-        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes.contiguous()}, str(path))
+        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes[:h.shape[0]].contiguous()}, str(path))
     return h, ids
+
+
+def stored(path, codes: torch.Tensor, compute, log=print) -> torch.Tensor:
+    """A tensor computed for these grids, read from `path` when it holds it for them, else computed (and
+    stored there, fp16)."""
+    from safetensors.torch import load_file, save_file
+
+    if path and Path(path).is_file():
+        data = load_file(str(path))
+        if data["codes"].shape == codes.shape and torch.equal(data["codes"], codes):
+            log(f"{data['h'].shape[0]} grids' features read from {path}")
+            return data["h"]
+    t0 = time.time()
+    h = compute()
+    log(f"{h.shape[0]} grids' features: {time.time() - t0:.0f} s")
+    if path:
+        save_file({"h": h.to(torch.float16).contiguous(), "codes": codes.contiguous()}, str(path))
+    return h
 
 
 def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | None = None, grids=None,
@@ -229,8 +298,19 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         n_held = len(held_prompts)
     for p in model.model.parameters():  # heads-only backward: the base model is frozen
         p.requires_grad_(False)
-    h_train, ids_train = features_for(model, prompts, codes, settings, layout, cfg.gen_batch, features, log)
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed))  # a prefix is a sample
+    prompts, codes = [prompts[i] for i in order.tolist()], codes[order]
+    stop_at = None if not cfg.until else time.time() + 0.6 * (cfg.until - time.time())  # features: 60% at most
+    h_train, ids_train = features_for(model, prompts, codes, settings, layout, cfg.gen_batch, features, log, stop_at)
+    prompts, codes = prompts[:h_train.shape[0]], codes[:h_train.shape[0]]
     h_held, ids_held = collect_features(model, held_prompts, held_codes, settings, layout, cfg.gen_batch)
+    stale_train = None
+    if cfg.stale_share > 0:
+        stale_train = stored(features and Path(features).with_suffix(f".stale{cfg.stale_share}.safetensors"), codes,
+                             lambda: stale_features(model, prompts, h_train, ids_train, settings, layout,
+                                                    cfg.stale_share, cfg.gen_batch, cfg.seed)[0], log)
+    stale_held = stale_features(model, held_prompts, h_held, ids_held, settings, layout, cfg.stale_share or 0.2,
+                                cfg.gen_batch, cfg.seed + 1)[0]
     heads = DraftHeads.for_model(model, cfg.intermediate).to(model.device, model.dtype)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = max(1, math.ceil(h_train.shape[0] / cfg.batch_grids))
@@ -244,32 +324,71 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         sums: dict[str, float] = {}
         n = 0
         for b in range(steps_per_epoch):
-            if step >= total_steps:
+            if step >= total_steps or (cfg.until and time.time() >= cfg.until):
                 break
+            if cfg.until:  # one cycle over the time left: warm-up 10%, then cosine down
+                frac = (time.time() - t1) / max(1.0, cfg.until - t1)
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr * (max(frac, 0.004) / 0.1 if frac < 0.1 else
+                                            0.02 + 0.49 * (1 + math.cos(math.pi * (frac - 0.1) / 0.9)))
             idx = order[b * cfg.batch_grids:(b + 1) * cfg.batch_grids]
-            losses = head_losses(model, accel.unwrap_model(heads), h_train[idx], ids_train[idx], layout, cfg, settings)
+            losses = head_losses(model, accel.unwrap_model(heads), h_train[idx], ids_train[idx], layout, cfg, settings,
+                                 None if stale_train is None else stale_train[idx])
             loss = sum(losses.values())
             opt.zero_grad()
             accel.backward(loss)
             opt.step()
-            sched.step()
+            if not cfg.until:
+                sched.step()
             step += 1
             n += 1
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                checkpoint(model, accel, heads, out_path, step, step * cfg.batch_grids, h_held, ids_held, stale_held,
+                           layout, settings, cfg.refine, time.time() - t1, log)
         log(f"epoch {epoch + 1}/{cfg.epochs} ({step} steps, {time.time() - t1:.0f} s): "
             + ", ".join(f"{k} {v / max(n, 1):.4f}" for k, v in sums.items()))
+        if step >= total_steps or (cfg.until and time.time() >= cfg.until):
+            break
     heads = accel.unwrap_model(heads).eval()
     report = {"samples": int(h_train.shape[0]), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
-              "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight,
+              "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
+              "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "refine": int(cfg.refine),
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
-    report.update(heads_acceptance(model, heads, h_held, ids_held, layout, settings))
+    scores = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
+    if cfg.refine:  # trained both ways: drafts refined only where that is accepted more (on stale inputs)
+        refined = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held, refine=True)
+        report["vertical_stale_expected_unrefined"] = scores["vertical_stale_expected"]
+        report["vertical_stale_expected_refined"] = refined["vertical_stale_expected"]
+        report["refine"] = int(refined["vertical_stale_expected"] > scores["vertical_stale_expected"])
+        scores = refined if report["refine"] else scores
+    report.update(scores)
     log(acceptance_lines(report))
     if accel.is_main_process:
         heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
         heads.save(out_path)
     return heads, report
+
+
+@torch.no_grad()
+def checkpoint(model, accel, heads, out_path, step, seen, h_held, ids_held, stale_held, layout, settings, refine,
+               elapsed, log=print) -> None:
+    """Mid-run: the held-out expected acceptance (on stale Hv inputs; refined too when trained so) and the
+    heads so far, saved beside out_path as *.step{N}.safetensors."""
+    one = accel.unwrap_model(heads).eval()
+    a = heads_acceptance(model, one, h_held, ids_held, layout, settings, h_stale=stale_held)
+    line = (f"checkpoint step {step} ({seen} grids seen, {elapsed:.0f} s): expected {a['expected_acceptance']} "
+            f"(stale {a['expected_acceptance_stale']}), Hh row0 {a['horizontal_row0_expected']}, "
+            f"Hv {a['vertical_expected']} (stale {a['vertical_stale_expected']})")
+    if refine:
+        r = heads_acceptance(model, one, h_held, ids_held, layout, settings, h_stale=stale_held, refine=True)
+        line += f", Hv refined {r['vertical_expected']} (stale {r['vertical_stale_expected']})"
+    log(line)
+    if accel.is_main_process:
+        one.save(Path(out_path).with_suffix(f".step{step}.safetensors"))
+    one.train()
 
 
 def acceptance_lines(report: dict) -> str:

@@ -21,6 +21,8 @@ def draft(run: Run, target: int, pick) -> None:
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
     slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
+    Heads trained with `refine` draft each cell of a Hv row from one Hh step on Hv's feature of the cell
+    to its left and the token drafted there (acceptance.vertical_drafts).
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
@@ -35,8 +37,19 @@ def draft(run: Run, target: int, pick) -> None:
             with torch.no_grad():  # [B, n, d] -> h of `slots`
                 pred = heads.vertical(run.features[:, s - stride:stop - stride], _embed(run, run.ids[s - stride:stop - stride]))
             run.head_calls += 1
-            prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-            codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
+            if heads.refine:  # one Hh step from Hv's feature on the left, with the token drafted there
+                base, picked = feature(run, s - 1), []
+                for i, t in enumerate(range(s, stop)):
+                    one = run.slots(t, t + 1)
+                    code = pick(run.logp(run.model.image_logits(base[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
+                    picked.append(code)
+                    with torch.no_grad():
+                        base = heads.horizontal(base if i == 0 else pred[:, i - 1], _embed(run, run.id_of_code[code])[0])
+                    run.head_calls += 1
+                codes = torch.cat(picked)
+            else:
+                prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
+                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
             run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
             picked = []

@@ -154,10 +154,11 @@ class GridModel:
         """Pre-norm features [..., d] -> float32 logits over the image vocabulary."""
         return self.head_logits(self.final_norm()(features)).float()
 
-    def start(self, prompt: Prompt) -> Session:
+    def start(self, prompt: Prompt, images: int = 1) -> Session:
+        """The KV-cache session of a prompt (images: how many images its rows carry, for the static cache)."""
         static = getattr(self, "static", None)  # set by static_cache.enable (the loaders' compile option)
         if static is not None:
             from ..static_cache import StaticSession
 
-            return StaticSession(self, prompt, static)
+            return StaticSession(self, prompt, static, images)
         return Session(self, prompt)

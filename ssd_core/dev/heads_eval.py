@@ -1,0 +1,18 @@
+"""Held-out expected acceptance of heads files on the bundled model, Hv on fresh and stale inputs, plain and
+refined: python -m ssd_core.dev.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
+import json, sys, torch, ssd_core
+from ssd_core.acceptance import heads_acceptance
+from ssd_core.sampling import SamplerSettings
+from ssd_core.train import read_grids, collect_features, stale_features
+m = ssd_core.load_model('reference'); d = m.defaults
+s = SamplerSettings(0, d['cfg'], d['temperature'], d['top_k'], d['top_p']); lay = m.layout(None)
+prompts, codes = read_grids(sys.argv[1], m)
+h, ids = collect_features(m, prompts, codes, s, lay, 32)
+hs = stale_features(m, prompts, h, ids, s, lay, 0.2, 32, 1)[0]
+keys = ("expected_acceptance", "expected_acceptance_stale", "horizontal_row0_expected", "horizontal_expected_depth_1-5",
+        "horizontal_expected_depth_6-11", "horizontal_expected_depth_12-23", "vertical_expected", "vertical_stale_expected")
+for path in sys.argv[2:]:
+    heads = ssd_core.load_heads(path, m)
+    for refine in (False, True):
+        a = heads_acceptance(m, heads, h, ids, lay, s, h_stale=hs, refine=refine)
+        print(path, "refined" if refine else "plain", json.dumps({k: a[k] for k in keys}), flush=True)
