@@ -1,5 +1,5 @@
 # make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes).
-# make bench: the bench of record (every decoder, 16 images, verify cost) into bench_out/.
+# make bench: the bench of record (every decoder at its defaults, 16 images) into bench_out/.
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make test: the whole test suite (the command CI runs).
 PYTHON ?= python3
@@ -22,7 +22,7 @@ demo: install
 
 bench: install
 	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,sjd,zipar \
-		--ssd-rounds 0,1,2 --images $(BENCH_IMAGES) --verify-cost --out-dir bench_out --json bench_out/bench.json
+		--images $(BENCH_IMAGES) --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
 
 bench-gpu: install
 	$(PY) -m ssd_core.dev.bench_gpu --json bench_gpu.json
