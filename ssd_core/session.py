@@ -89,8 +89,7 @@ class Session:
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
         self.cache = DynamicCache()
         self.cache_kw = cache_kwarg(model.backbone())  # 'cache' in transformers 5, else 'past_key_values'
-        self.held = torch.zeros(self.batch, dtype=torch.long)  # [B] on the CPU: slots whose keys each row holds
-        self.held_host = [0] * self.batch  # the same as host numbers (read without a tensor op)
+        self.held_host = [0] * self.batch  # [B] slots whose keys each row holds, as host numbers (read without a tensor op)
         self.cached = 0  # slot columns in the cache: the most slots any row holds
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
         feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, None, prefill=True))
@@ -123,6 +122,11 @@ class Session:
                               use_cache=True, **{self.cache_kw: self.cache})
         return box["x"]
 
+    @property
+    def held(self) -> torch.Tensor:
+        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`)."""
+        return torch.tensor(self.held_host, dtype=torch.long)
+
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
 
@@ -133,7 +137,6 @@ class Session:
         pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(n, device=dev)[None]
         feats = self._run(ids, pos, self._mask(n, visible))
         pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
-        self.held += n
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats
@@ -141,7 +144,6 @@ class Session:
     def crop(self, slots) -> None:
         """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row) in the cache."""
         self.held_host = held_minimum(self.held_host, slots)
-        self.held = torch.tensor(self.held_host, dtype=torch.long)
         drop = self.cached - max(self.held_host)
         if drop > 0:
             self.cache.crop(-drop)
@@ -155,7 +157,6 @@ class Session:
         self.prompt_mask, self.real_len = self.prompt_mask[on_device], self.real_len[on_device]
         self.last_features = self.last_features[on_device]
         self.held_host = [self.held_host[r] for r in (rows.tolist() if host_rows is None else host_rows)]
-        self.held = torch.tensor(self.held_host, dtype=torch.long)
         self.batch = int(rows.numel())
         self.crop(self.held_host)  # slot columns no remaining row holds leave the cache
 

@@ -139,8 +139,7 @@ class StaticSession:
             opts.pool[key] = (cache, _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if opts.compiled else None)
         self.cache, self._eager, self._compiled = opts.pool[key]
-        self.held = torch.zeros(self.batch, dtype=torch.long)  # [B] on the CPU: slots whose keys each row holds
-        self.held_host = [0] * self.batch  # the same as host numbers
+        self.held_host = [0] * self.batch  # [B] slots whose keys each row holds, as host numbers
         self.cached = 0  # slot columns in use: the most slots any row holds
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
         keys = torch.arange(self.capacity, device=dev)
@@ -163,6 +162,11 @@ class StaticSession:
                 return self._compiled(embeds, mask[:, None], pos, cache_positions).clone()
             return self._eager(embeds, mask[:, None], pos, cache_positions)
 
+    @property
+    def held(self) -> torch.Tensor:
+        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`)."""
+        return torch.tensor(self.held_host, dtype=torch.long)
+
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
         n = slot_ids.shape[-1]
@@ -179,7 +183,6 @@ class StaticSession:
         pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(width, device=dev)[None]
         feats = self._step(self.m.embed(ids), self._allowed(width, visible), pos, start, compiled=size is not None)
         pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
-        self.held += n
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats[:, :n]
@@ -206,7 +209,6 @@ class StaticSession:
         """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row): only the valid
         lengths move."""
         self.held_host = held_minimum(self.held_host, slots)
-        self.held = torch.tensor(self.held_host, dtype=torch.long)
         self.cached = max(self.held_host)
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
