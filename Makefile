@@ -38,7 +38,7 @@ test-engine-457:
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
-		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py tests/test_host_syncs.py tests/test_batch_cache.py
+		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py tests/test_host_syncs.py tests/test_batch_cache.py tests/test_vertical_shift.py
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
 # augmented copies each, ~5,400 grids) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
@@ -53,6 +53,11 @@ HEADS_SAMPLES ?= 0
 HEADS_STEPS ?= 600
 HEADS_THREADS ?= 2
 HEADS_UNTIL ?=
+HEADS_INIT ?= ssd_core/reference/model/heads.safetensors
+HEADS_TRAIN ?= vertical
+HEADS_SHIFT ?= 1
+HEADS_BATCH ?= 16
+HEADS_LR ?= 1e-3
 heads: install
 	mkdir -p build/heads
 	OMP_NUM_THREADS=$(HEADS_THREADS) SSD_THREADS=$(HEADS_THREADS) $(PY) -m reference_recipe.grids \
@@ -60,7 +65,8 @@ heads: install
 		--cache build/heads/emoji.npz --heldout-out build/heads/heldout_grids.safetensors
 	OMP_NUM_THREADS=$(HEADS_THREADS) $(PY) -m ssd_core train-heads --model reference \
 		--grids build/heads/data_grids.safetensors --samples $(HEADS_SAMPLES) --gen-batch 32 \
-		--heldout-grids build/heads/heldout_grids.safetensors --batch 8 --epochs 100 --max-steps $(HEADS_STEPS) \
+		--heldout-grids build/heads/heldout_grids.safetensors --batch $(HEADS_BATCH) --epochs 100 --max-steps $(HEADS_STEPS) \
+		$(if $(HEADS_INIT),--init $(HEADS_INIT)) --train $(HEADS_TRAIN) --vertical-shift $(HEADS_SHIFT) --lr $(HEADS_LR) \
 		--checkpoint-every 100 $(if $(HEADS_UNTIL),--until $(HEADS_UNTIL)) --features build/heads/features.safetensors --out build/heads/heads.safetensors
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)

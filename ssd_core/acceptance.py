@@ -48,13 +48,15 @@ def horizontal_chain(heads, h: torch.Tensor, e: torch.Tensor, layout, depth: int
 def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns: bool = False,
                     refine: bool = False) -> torch.Tensor:
     """Hv on the row above: [N, S, H-1, W-1, d] the feature predicted at cell (y, x) for y >= 1, x < W-1,
-    which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d]).
+    which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d]); Hv reads cell (y-1, x + shift)
+    (heads.vertical_shift, clamped to the last column).
     refine: then one Hh step along the new row, which sees the token drafted at (y, x): Hh(Hv's feature at
     (y, x-1) (x = 0: the feature of the slot before the row), e(token (y, x)))."""
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     S = h.shape[1]
-    above = cells[:-1] if all_columns else cells[:-1, :-1]  # the cell above each (y, x)
+    cols = (torch.arange(W) + heads.vertical_shift).clamp(max=W - 1)  # the column Hv reads for each x
+    above = cells[:-1][:, cols if all_columns else cols[:-1]]  # the cell Hv reads for each (y, x)
     pv = heads.vertical(h[:, :, above + 1], e[:, None, above].expand(-1, S, -1, -1, -1))
     if not refine:
         return pv

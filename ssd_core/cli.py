@@ -98,7 +98,8 @@ def validate(args) -> None:
                                         seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
                                         max_steps=args.max_steps, stale_share=args.stale_share,
                                         refine=args.refine, checkpoint_every=args.checkpoint_every,
-                                        until=_clock_time(args.until))
+                                        until=_clock_time(args.until), vertical_shift=args.vertical_shift,
+                                        init=args.init, train=args.train)
 
 
 def _clock_time(text):
@@ -274,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "acceptance and save the heads so far beside --out (0 = off)")
     t.add_argument("--refine", action="store_true", help="also train Hv's drafts refined by one Hh "
                    "step along the new row; the heads refine when that is accepted more on the held-out grids")
+    t.add_argument("--vertical-shift", type=int, default=0, choices=[0, 1], help="columns to the right that Hv "
+                   "reads in the row above: 0 = the cell above the predicted feature (the paper), 1 = the cell above "
+                   "the drafted cell")
+    t.add_argument("--init", default=None, help="heads file for this model to start from (warm start)")
+    t.add_argument("--train", default="both", choices=["both", "vertical", "horizontal"], help="which heads learn "
+                   "(vertical / horizontal: the other stays as in --init)")
     t.add_argument("--features", default=None, help="store / reuse the training grids' features in this file")
     t.add_argument("--heldout-grids", default=None, help="score on these grids (safetensors, like --grids) "
                    "instead of the last --heldout training grids")

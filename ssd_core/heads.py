@@ -2,7 +2,10 @@
 
 Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU(RMSNorm(z)).
   horizontal: (h[slot s-1], e(token[s]))     -> h[s]       (the next token's embedding says what was sampled)
-  vertical:   (h[y, x],     e(token[y, x]))  -> h[y+1, x]  (one call drafts a whole row)
+  vertical:   (h[y, x+k],   e(token[y, x+k])) -> h[y+1, x]  (one call drafts a whole row)
+    k = `vertical_shift`: 0 reads the cell above the predicted feature's cell (the paper); 1 reads the cell
+    above the cell that feature drafts (y+1, x+1), whose token is the strongest hint (the last column reads
+    the row above's last cell).
 h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
 """
 from __future__ import annotations
@@ -55,6 +58,11 @@ class DraftHeads(nn.Module):
     def refine(self) -> bool:
         """Whether Hv's drafts are refined by one Hh step along the new row (heads trained so)."""
         return str(self.extra.get("refine", "0")) == "1"
+
+    @property
+    def vertical_shift(self) -> int:
+        """Columns to the right of the predicted feature's cell that Hv reads in the row above (0 or 1)."""
+        return int(self.extra.get("vertical_shift", "0"))
 
     def metadata(self) -> dict[str, str]:
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "family": self.family,
@@ -140,6 +148,9 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
             raise ValueError("sizes must be whole numbers >= 1")
     except (KeyError, ValueError) as err:
         raise SSDError(f"{path.name} has damaged heads metadata ({err}); re-train the heads") from None
+    if meta.get("vertical_shift", "0") not in ("0", "1"):
+        raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
+                       "the pack reads 0 or 1: retrain the heads or update the pack")
     check_shapes(path.name, tensors, hidden, inter)  # before the network is built from the metadata
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}

@@ -50,6 +50,9 @@ class TrainConfig:
     #                             left, then the one-cycle lr schedule runs on the time left
     checkpoint_every: int = 0  # every this many steps: held-out expected acceptance logged, heads saved (0 = off)
     refine: bool = False  # also train Hv's drafts refined by one Hh step along the new row; used if they win
+    vertical_shift: int = 0  # Hv reads the row above this many columns right (1: the cell above the drafted cell)
+    init: str | None = None  # a heads file for this model to start from (warm start) instead of random weights
+    train: str = "both"  # which heads learn: both, vertical (Hh kept as it starts) or horizontal
 
     def __post_init__(self):  # every value checked before any grid is sampled
         from .errors import SSDError
@@ -65,6 +68,17 @@ class TrainConfig:
             raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
         if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
             raise SSDError(f"train-heads ce_weight must be a number >= 0, got {self.ce_weight}")
+        if self.vertical_shift not in (0, 1) or isinstance(self.vertical_shift, bool):
+            raise SSDError(f"train-heads vertical_shift must be 0 (the paper's Hv input) or 1 (the cell above the "
+                           f"drafted cell), got {self.vertical_shift}")
+        if self.train not in ("both", "vertical", "horizontal"):
+            raise SSDError(f"train-heads train must be both, vertical or horizontal, got {self.train!r}")
+        if self.train != "both" and self.init is None:
+            raise SSDError(f"train-heads train={self.train} keeps the other head as it starts: give init, a heads file "
+                           "to start from, or train both")
+        if self.init is not None and not Path(self.init).is_file():
+            raise SSDError(f"train-heads init {self.init} is not a file: give a heads .safetensors file made for this "
+                           "model to start from, or leave it out to start from random weights")
         if not (math.isfinite(self.stale_share) and 0 <= self.stale_share < 1):
             raise SSDError(f"train-heads stale_share must be a number in [0, 1), e.g. 0.2, got {self.stale_share}")
 
@@ -171,18 +185,19 @@ def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, la
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     S = h.shape[1]
-    losses = {}
-    # Hh, teacher-forced: every slot s from (h[s-1], e[s]) (forced slots included)
-    pred_tf = heads.horizontal(h[:, :, :-1], e[:, None].expand(-1, S, -1, -1))  # [b, S, L, d] -> h[:, :, 1:]
-    losses["horizontal"] = F.smooth_l1_loss(pred_tf.float(), h[:, :, 1:].float())
+    losses, drafts = {}, {}
     targets = h[:, :, cells[:, 1:]]  # [b, S, H, W-1, d] true features drafting cells x >= 1
-    drafts = {"h": pred_tf[:, :, cells[:, :-1]]}  # one-step Hh drafts of cells x >= 1
-    if cfg.unroll != 1:
-        chain = horizontal_chain(heads, h, e, layout, cfg.unroll or None)  # [b, S, H, D, d]
-        D = chain.shape[3]
-        losses["horizontal_chain"] = F.smooth_l1_loss(chain.float(), targets[:, :, :, :D].float())
-        drafts["h"] = chain
-    if H > 1:
+    if cfg.train != "vertical":
+        # Hh, teacher-forced: every slot s from (h[s-1], e[s]) (forced slots included)
+        pred_tf = heads.horizontal(h[:, :, :-1], e[:, None].expand(-1, S, -1, -1))  # [b, S, L, d] -> h[:, :, 1:]
+        losses["horizontal"] = F.smooth_l1_loss(pred_tf.float(), h[:, :, 1:].float())
+        drafts["h"] = pred_tf[:, :, cells[:, :-1]]  # one-step Hh drafts of cells x >= 1
+        if cfg.unroll != 1:
+            chain = horizontal_chain(heads, h, e, layout, cfg.unroll or None)  # [b, S, H, D, d]
+            D = chain.shape[3]
+            losses["horizontal_chain"] = F.smooth_l1_loss(chain.float(), targets[:, :, :, :D].float())
+            drafts["h"] = chain
+    if H > 1 and cfg.train != "horizontal":
         h_in = h if h_stale is None else h_stale.to(model.device, model.dtype)
         pred_v = vertical_drafts(heads, h_in, e, layout, all_columns=True)  # [b, S, H-1, W, d]
         losses["vertical"] = F.smooth_l1_loss(pred_v.float(), h[:, :, cells[1:] + 1].float())
@@ -311,8 +326,10 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
                                                     cfg.stale_share, cfg.gen_batch, cfg.seed)[0], log)
     stale_held = stale_features(model, held_prompts, h_held, ids_held, settings, layout, cfg.stale_share or 0.2,
                                 cfg.gen_batch, cfg.seed + 1)[0]
-    heads = DraftHeads.for_model(model, cfg.intermediate).to(model.device, model.dtype)
-    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
+    heads = start_heads(model, cfg).to(model.device, model.dtype)
+    learning = [p for name, p in heads.named_parameters()
+                if cfg.train == "both" or name.startswith(cfg.train + ".")]  # the other head stays as it starts
+    opt = torch.optim.AdamW(learning, lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = max(1, math.ceil(h_train.shape[0] / cfg.batch_grids))
     total_steps = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=max(1, total_steps), pct_start=0.1)
@@ -355,6 +372,8 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     report = {"samples": int(h_train.shape[0]), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
               "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
               "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "refine": int(cfg.refine),
+              "vertical_shift": cfg.vertical_shift, "init": Path(cfg.init).name if cfg.init else "random",
+              "trained": cfg.train,
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
     scores = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
@@ -370,6 +389,22 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
         heads.save(out_path)
     return heads, report
+
+
+def start_heads(model, cfg: TrainConfig) -> DraftHeads:
+    """Fresh heads for `model` (cfg.vertical_shift), with random weights or those of the heads file cfg.init."""
+    if cfg.init is None:
+        return DraftHeads.for_model(model, cfg.intermediate, vertical_shift=cfg.vertical_shift)
+    from .heads import load_heads_file
+
+    start = load_heads_file(cfg.init)
+    start.check_model(model)
+    if cfg.intermediate is not None and cfg.intermediate != start.intermediate:
+        raise SSDError(f"train-heads init {Path(cfg.init).name} has intermediate size {start.intermediate}, not "
+                       f"{cfg.intermediate}: leave the size out to keep the file's, or start from random weights")
+    heads = DraftHeads.for_model(model, start.intermediate, vertical_shift=cfg.vertical_shift)
+    heads.load_state_dict(start.state_dict())
+    return heads
 
 
 @torch.no_grad()

@@ -20,7 +20,8 @@ def draft(run: Run, target: int, pick) -> None:
     of ranks [a, b).
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
-    slots come from Hv (whole row at once, from the row above) or, in the first row, from an Hh chain.
+    slots come from Hv (whole row at once, from the row above, shifted by heads.vertical_shift columns) or,
+    in the first row, from an Hh chain.
     Heads trained with `refine` draft each cell of a Hv row from one Hh step on Hv's feature of the cell
     to its left and the token drafted there (acceptance.vertical_drafts).
     """
@@ -34,8 +35,10 @@ def draft(run: Run, target: int, pick) -> None:
         stop = min(target, row_start + W)  # image cells of this row to draft now
         slots = run.slots(s, stop)
         if s >= stride:  # vertical: the whole stretch in one call from the row above
+            last = row_start - stride + W - 1  # the row above's last image cell
+            src = [min(t + heads.vertical_shift, last) for t in range(s - stride, stop - stride)]  # cells Hv reads
             with torch.no_grad():  # [B, n, d] -> h of `slots`
-                pred = heads.vertical(run.features[:, s - stride:stop - stride], _embed(run, run.ids[s - stride:stop - stride]))
+                pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
             run.head_calls += 1
             if heads.refine:  # one Hh step from Hv's feature on the left, with the token drafted there
                 base, picked = feature(run, s - 1), []
