@@ -106,6 +106,24 @@ def test_stable_first_row_is_greedy_ar_at_temperature_zero(tiny):
     assert stable.trace.settings["stable_first_row"] == 1 and fixed.trace.settings["stable_first_row"] == 0
 
 
+@pytest.mark.parametrize("seed", [0, 5])
+def test_exact_first_row_is_ar_first_row_at_any_temperature(tiny, seed):
+    """stable_first_row 2: the first row by ssd-exact's rule is the very row ar draws for the seed (sampled,
+    cfg on), in fewer steps than the row has cells; the rows below stay lossy ssd (verified and corrected)."""
+    model, heads = tiny
+    H, W = model.layout(None).grid
+    ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=seed, score=False)
+    exact_row = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=2, score=False)
+    stable = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=1, score=False)
+    assert torch.equal(exact_row.tokens[0], ar.tokens[0])
+    assert exact_row.trace.settings["stable_first_row"] == 2
+    assert exact_row.trace.steps < ar.trace.steps and stable.trace.steps < ar.trace.steps
+    by_round = exact_row.trace.to_dict()["acceptance_by_verify_round"]
+    assert {"0", "1", "2"} <= set(by_round)  # the rows below: ssd's three verify rounds (r=2)
+    with pytest.raises(ssd_core.SSDError, match="stable_first_row must be a whole number from 0 to 2"):
+        ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=3, score=False)
+
+
 def test_adaptive_schedule_ends_blocks_early(tiny):
     model, heads = tiny
     kw = dict(prompt=1, decoder="ssd", seed=4, score=False, stable_first_row=0)

@@ -20,26 +20,7 @@ class ExactPolicy(Policy):
         self.params = {"draft_rows": draft_rows}
 
     def update(self, run: Run, logits, features) -> None:
-        start, end = run.start, run.end
-        a, b = run.open_span(start, end + 1)  # open slots of the window and the one just past it
-        latest = None  # [V] the verifier's log p at the window's last open slot
-        if b > a:
-            slots = run.image_ids[a:b]
-            last = run.image_slots[b - 1]
-            logp = run.logp(logits[:, slots - start], slots)
-            latest = logp[-1]
-            verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
-            match = run.codes[slots] == verdict
-            if last >= end:  # the slot past the window was not fed: nothing to match
-                match[-1] = False
-            lead = match.long().cumprod(0).sum()  # the leading matches
-            final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
-            run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
-            run.finalize(slots, final)
-            n_final = min(run.sync(lead)[0] + 1, b - a)
-            run.advance(run.image_slots[a + n_final - 1] + 1)
-            if last >= end and end < run.L:
-                run.set_end(end + 1)
+        latest = verify(run, logits)
         if run.done:
             return
         target = rows_end(run, run.first_open, self.draft_rows)
@@ -47,3 +28,30 @@ class ExactPolicy(Policy):
             draft(run, target, run.gumbel_sample)
         else:
             draft_without_heads(run, target, latest)
+
+
+def verify(run: Run, logits, stop: int | None = None):
+    """Prefix acceptance of the window against the verifier's Gumbel-coupled outputs (which become the drafts
+    of the slots not yet final); returns the verifier's log p [V] at the window's last open slot (or None).
+    stop: no slot from `stop` on is decided (the window does not grow past it)."""
+    start, end = run.start, run.end
+    a, b = run.open_span(start, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
+    if b == a:
+        return None
+    slots = run.image_ids[a:b]
+    last = run.image_slots[b - 1]
+    logp = run.logp(logits[:, slots - start], slots)
+    latest = logp[-1]
+    verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
+    match = run.codes[slots] == verdict
+    if last >= end:  # the slot past the window was not fed: nothing to match
+        match[-1] = False
+    lead = match.long().cumprod(0).sum()  # the leading matches
+    final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
+    run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
+    run.finalize(slots, final)
+    n_final = min(run.sync(lead)[0] + 1, b - a)
+    run.advance(run.image_slots[a + n_final - 1] + 1)
+    if last >= end and end < run.L:
+        run.set_end(end + 1)
+    return latest

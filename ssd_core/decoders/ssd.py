@@ -3,8 +3,10 @@
 A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every rejected token is resampled from
 norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
 with the first verification of the next one (both ride in one forward).
-Schedule (the paper's): the first block is verified until a round changes nothing (`stable_first_row`,
-capped at one round per cell of a row); `adaptive_percent` > 0 ends the other blocks' verification once a
+Schedule (the paper's): the first block is verified until a round changes nothing (`stable_first_row` 1,
+capped at one round per cell of a row); `stable_first_row` 2 decodes the first row by ssd-exact's rule
+instead (Gumbel-coupled prefix acceptance, the row `ar` draws for the seed, its Hh chain re-anchored at
+every mismatch by the verifier's outputs), then the blocks below as above; `adaptive_percent` > 0 ends the other blocks' verification once a
 round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
 """
 import torch
@@ -13,6 +15,7 @@ from ..acceptance import record_checks
 from ..run import Policy, Run
 from ..sampling import acceptance, residual
 from .drafting import draft, rows_end
+from .exact import verify as verify_exactly
 
 
 class SSDPolicy(Policy):
@@ -41,6 +44,12 @@ class SSDPolicy(Policy):
         self.rounds = 0
 
     def update(self, run: Run, logits, features) -> None:
+        stride = run.layout.row_stride
+        if self.stable_first_row == 2 and run.first_open < stride:  # the first row as ar draws it
+            verify_exactly(run, logits, stop=stride)
+            if run.first_open < stride:
+                draft(run, stride, run.gumbel_sample)
+                return  # else the first row is final: the first lossy block is drafted below
         start = run.start
         a, b = run.open_span(start, run.end)
         if b > a:
