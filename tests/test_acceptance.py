@@ -98,7 +98,7 @@ def test_stable_first_row_is_greedy_ar_at_temperature_zero(tiny):
     H, W = model.layout(None).grid
     ar = ssd_core.generate(model, None, prompt=2, decoder="ar", seed=0, temperature=0, score=False)
     stable = ssd_core.generate(model, heads, prompt=2, decoder="ssd", seed=0, temperature=0, verify_rounds=0,
-                               score=False)
+                               stable_first_row=1, score=False)
     fixed = ssd_core.generate(model, heads, prompt=2, decoder="ssd", seed=0, temperature=0, verify_rounds=0,
                               stable_first_row=0, score=False)
     assert torch.equal(stable.tokens[0], ar.tokens[0])
@@ -116,7 +116,8 @@ def test_exact_first_row_is_ar_first_row_at_any_temperature(tiny, seed):
     exact_row = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=2, score=False)
     stable = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=1, score=False)
     assert torch.equal(exact_row.tokens[0], ar.tokens[0])
-    assert exact_row.trace.settings["stable_first_row"] == 2
+    default = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, score=False)
+    assert exact_row.trace.settings["stable_first_row"] == 2 == default.trace.settings["stable_first_row"]
     assert exact_row.trace.steps < ar.trace.steps and stable.trace.steps < ar.trace.steps
     by_round = exact_row.trace.to_dict()["acceptance_by_verify_round"]
     assert {"0", "1", "2"} <= set(by_round)  # the rows below: ssd's three verify rounds (r=2)

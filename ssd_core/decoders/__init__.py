@@ -38,8 +38,8 @@ DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact)
                             "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
-STABLE_FIRST_ROW = Param(0, 2, 1, "ssd: verify the first block until a round changes nothing (1), like the others (0), "
-                         "or decode the first row by ssd-exact's rule, the row ar draws (2)")
+STABLE_FIRST_ROW = Param(0, 2, 2, "ssd: decode the first row by ssd-exact's rule, the row ar draws (2); verify the first "
+                         "block until a round changes nothing (1, the paper); or like the others (0)")
 ADAPTIVE_PERCENT = Param(0, 100, 0, "ssd: end a block's verification once a round corrects at most this percent "
                          "of its cells (0 = off; verify_rounds stays the cap)")
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,

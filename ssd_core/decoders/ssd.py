@@ -23,7 +23,7 @@ class SSDPolicy(Policy):
     needs_heads = True
     uses_heads = True
 
-    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 1,
+    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 2,
                  adaptive_percent: int = 0):
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
         self.stable_first_row, self.adaptive_percent = stable_first_row, adaptive_percent
