@@ -6,6 +6,8 @@ identical to ar) are drawn as filled squares, the others as circles, each labell
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from PIL import Image, ImageDraw
 
 PANEL, PAD = 420, 56
@@ -60,4 +62,5 @@ def plot_tradeoff(report: dict, path: str) -> None:
     for i, (key, label, scale, title) in enumerate(panels):
         _panel(draw, i * PANEL, rows, key, label, scale, f"{title}, {report.get('images')} images "
                "(squares: identical to ar)")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # e.g. bench_out/ on a fresh checkout
     img.save(path)

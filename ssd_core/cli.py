@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
     b.add_argument("--ssd-adaptive", default=None, help="comma list of adaptive percents to bench beside the "
                    "fixed schedule, e.g. 5,15 (per --ssd-rounds value: the cap)")
-    b.add_argument("--ssd-first-row", default=None, help="comma list of stable_first_row values to bench, e.g. 0,1")
+    b.add_argument("--ssd-first-row", default=None, help="comma list of stable_first_row values to bench, e.g. 1,2")
     b.add_argument("--plot", default=None, help="PNG: steps ratio against the nll_full gap (and class accuracy)")
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
     b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "

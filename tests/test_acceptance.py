@@ -144,7 +144,7 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
 
     model, heads = tiny
     o = BenchOptions(decoders=("ar", "ssd", "ssd-exact"), images=2, ssd_rounds=(0, 2), ssd_adaptive=(20,),
-                     plot=str(tmp_path / "tradeoff.png"))
+                     plot=str(tmp_path / "fresh" / "tradeoff.png"))
     report = run_bench(model, heads, o, log=lambda *_: None)
     rows = {r["decoder"]: r for r in report["rows"]}
     assert set(rows) == {"ar", "ssd r=0", "ssd r=0 a=20", "ssd r=2", "ssd r=2 a=20", "ssd-exact"}
@@ -153,5 +153,5 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
     assert rows["ar"]["acceptance_round0"] is None and rows["ssd-exact"]["expected_acceptance"] is None
     by_round = rows["ssd r=2"]["acceptance_by_verify_round"]
     assert {"0", "1", "2"} <= set(by_round) and by_round["0"]["accepted"] == rows["ssd r=2"]["acceptance_round0"]
-    img = Image.open(tmp_path / "tradeoff.png")
+    img = Image.open(tmp_path / "fresh" / "tradeoff.png")
     assert img.size[0] >= 400 and len(np.unique(np.asarray(img.convert("L")))) > 2  # drawn, not blank
