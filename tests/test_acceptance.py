@@ -111,7 +111,6 @@ def test_exact_first_row_is_ar_first_row_at_any_temperature(tiny, seed):
     """stable_first_row 2: the first row by ssd-exact's rule is the very row ar draws for the seed (sampled,
     cfg on), in fewer steps than the row has cells; the rows below stay lossy ssd (verified and corrected)."""
     model, heads = tiny
-    H, W = model.layout(None).grid
     ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=seed, score=False)
     exact_row = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=2, score=False)
     stable = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, stable_first_row=1, score=False)

@@ -3,12 +3,9 @@ import torch
 
 import ssd_core
 from ssd_core.acceptance import vertical_drafts
-from ssd_core.decoders.drafting import draft, rows_end
-from ssd_core.heads import DraftHeads
-from ssd_core.run import Run
 from ssd_core.sampling import SamplerSettings
 from ssd_core.train import TrainConfig, collect_features, generate_grids, stale_features, train_heads
-from tiny import tiny_model_and_heads
+from tiny import drafted_rows, heads_with, tiny_model_and_heads
 
 import pytest
 
@@ -38,22 +35,10 @@ def test_stale_features_feed_other_tokens_at_about_their_share(tiny):
 
 def test_refined_vertical_drafts_see_the_token_drafted_on_their_left(tiny):
     model, plain = tiny
-    heads = DraftHeads.for_model(model, refine=1)
-    heads.load_state_dict(plain.state_dict())
+    heads = heads_with(model, plain, refine=1)
     assert heads.refine and not plain.refine
     layout = model.layout(None)
-    settings = SamplerSettings(seed=0, cfg=2.0)
-    session = model.start(model.build_prompt(1, "", True, layout.grid))
-    run = Run(model, heads, layout, settings, session.last_features)
-    run.session = session
-    seen = {}
-
-    def pick(logp, a, b):
-        for slot, row in zip(run.image_slots[a:b], logp):
-            seen[slot] = row
-        return logp.argmax(-1).cpu()
-
-    draft(run, rows_end(run, 0, 2), pick)
+    run, seen = drafted_rows(model, heads, rows=2)
     W = layout.grid[1]
     row0, row1 = layout.slot_of_cell[:W], layout.slot_of_cell[W:2 * W]
     e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d] (slots past row 1: unused)

@@ -6,13 +6,9 @@ import torch
 
 import ssd_core
 from ssd_core.acceptance import vertical_drafts
-from ssd_core.decoders.drafting import draft, rows_end
 from ssd_core.errors import SSDError
-from ssd_core.heads import DraftHeads
-from ssd_core.run import Run
-from ssd_core.sampling import SamplerSettings
 from ssd_core.train import TrainConfig, train_heads
-from tiny import make_heads, tiny_model_and_heads
+from tiny import drafted_rows, heads_with, make_heads, tiny_model_and_heads
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["row-end", "no-row-end"])
@@ -21,26 +17,7 @@ def tiny(request, tmp_path_factory):
 
 
 def shifted(model, plain, shift):
-    heads = DraftHeads.for_model(model, vertical_shift=shift)
-    heads.load_state_dict(plain.state_dict())
-    return heads
-
-
-def drafted_rows(model, heads, rows=3):
-    """ssd's drafting of the first `rows` rows from the prompt: the run and the q (log) of every drafted slot."""
-    layout = model.layout(None)
-    session = model.start(model.build_prompt(1, "", True, layout.grid))
-    run = Run(model, heads, layout, SamplerSettings(seed=0, cfg=2.0), session.last_features)
-    run.session = session
-    seen = {}
-
-    def pick(logp, a, b):
-        for slot, row in zip(run.image_slots[a:b], logp):
-            seen[slot] = row
-        return logp.argmax(-1).cpu()
-
-    draft(run, rows_end(run, 0, rows), pick)
-    return run, seen
+    return heads_with(model, plain, vertical_shift=shift)
 
 
 @pytest.mark.parametrize("shift", [0, 1])
@@ -51,7 +28,7 @@ def test_online_vertical_drafts_read_the_shifted_cell_and_match_the_offline_ones
     layout = model.layout(None)
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
-    run, seen = drafted_rows(model, heads)
+    run, seen = drafted_rows(model, heads, rows=3)
     e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
     for y in (1, 2):  # row 2 reads row 1's drafted features and tokens
         src = cells[y - 1, [min(x + shift, W - 1) for x in range(W)]]

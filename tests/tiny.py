@@ -45,3 +45,34 @@ def tiny_model_and_heads(folder: Path, grid, row_end: bool = True):
 
     model = ssd_core.load_model(make_llama_grid(folder, grid=grid, row_end=row_end))
     return model, ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
+
+
+def heads_with(model, plain, **extra):
+    """`plain`'s weights in heads with these metadata switches (e.g. refine=1, vertical_shift=1)."""
+    from ssd_core.heads import DraftHeads
+
+    heads = DraftHeads.for_model(model, **extra)
+    heads.load_state_dict(plain.state_dict())
+    return heads
+
+
+def drafted_rows(model, heads, rows: int):
+    """ssd's drafting of the first `rows` rows after a class-1 prompt (cfg 2, each draft its argmax): the run
+    and the log q of every drafted slot, by slot."""
+    from ssd_core.decoders.drafting import draft, rows_end
+    from ssd_core.run import Run
+    from ssd_core.sampling import SamplerSettings
+
+    layout = model.layout(None)
+    session = model.start(model.build_prompt(1, "", True, layout.grid))
+    run = Run(model, heads, layout, SamplerSettings(seed=0, cfg=2.0), session.last_features)
+    run.session = session
+    seen = {}
+
+    def pick(logp, a, b):
+        for slot, row in zip(run.image_slots[a:b], logp):
+            seen[slot] = row
+        return logp.argmax(-1).cpu()
+
+    draft(run, rows_end(run, 0, rows), pick)
+    return run, seen

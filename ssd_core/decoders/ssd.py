@@ -3,11 +3,11 @@
 A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every rejected token is resampled from
 norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
 with the first verification of the next one (both ride in one forward).
-Schedule (the paper's): the first block is verified until a round changes nothing (`stable_first_row` 1,
-capped at one round per cell of a row); `stable_first_row` 2 decodes the first row by ssd-exact's rule
-instead (Gumbel-coupled prefix acceptance, the row `ar` draws for the seed, its Hh chain re-anchored at
-every mismatch by the verifier's outputs), then the blocks below as above; `adaptive_percent` > 0 ends the other blocks' verification once a
-round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
+Schedule: `stable_first_row` 2 (the default) decodes the first row by ssd-exact's rule (Gumbel-coupled
+prefix acceptance: the row `ar` draws for the seed, its Hh chain re-anchored at every mismatch by the
+verifier's outputs), then the blocks below as above; 1 (the paper's) verifies the first block until a round
+changes nothing (capped at one round per cell of a row). `adaptive_percent` > 0 ends the other blocks'
+verification once a round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
 """
 import torch
 
