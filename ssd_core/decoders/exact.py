@@ -2,12 +2,14 @@
 
 Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very image `ar` makes for the
 seed. A window token is final while every token before it was final or matched the verifier's output;
-the rest take the verifier's outputs (Jacobi iteration); heads, when given, only extend the window. Without
-heads the new rows start as copies of the row above, and the first row from the verifier's latest output.
+the rest take the verifier's outputs (Jacobi iteration); heads, when given, extend the window, and in the
+first row (where Hh chains) re-draft the rest of the row after a correction from the corrected token
+(`reanchor_row`), since the verifier's outputs there saw the rejected one. Without heads the new rows start as
+copies of the row above, and the first row from the verifier's latest output.
 """
 
 from ..run import Policy, Run
-from .drafting import draft, draft_without_heads, rows_end
+from .drafting import draft, draft_without_heads, reanchor_row, rows_end
 
 
 class ExactPolicy(Policy):
@@ -51,7 +53,10 @@ def verify(run: Run, logits, stop: int | None = None):
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
-    run.advance(run.image_slots[a + n_final - 1] + 1)
+    last_final = run.image_slots[a + n_final - 1]
+    if run.heads is not None and n_final < b - a and last_final < run.layout.row_stride:  # a first-row correction
+        reanchor_row(run, last_final)
+    run.advance(last_final + 1)
     if last >= end and end < run.L:
         run.set_end(end + 1)
     return latest
