@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from dataclasses import replace
-
 from .sampling import SamplerSettings, guide, log_probs
 
 DEPTH_BUCKETS = ((1, 5), (6, 11), (12, 23), (24, 10_000))
-GUIDANCE_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)  # a head's q is guided with cfg 1 + share * (cfg - 1)
-TEMPERATURE_FACTORS = (1.0, 0.7, 0.85, 1.15)  # ... at the sampler's temperature times this factor
 
 
 def overlap(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -86,22 +82,21 @@ def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, s
     sums = {"h": torch.zeros(W - 1), "v": torch.zeros(W - 1), "h0": torch.zeros(W - 1),
             "h_top1": torch.zeros(W - 1), "v_top1": torch.zeros(W - 1), "v_stale": torch.zeros(W - 1)}
     n = 0
-    s_h, s_v = (heads.draft_settings(head, settings) for head in ("horizontal", "vertical"))  # what q is made with
     for b in range(0, h.shape[0], chunk):
         hb = h[b:b + chunk].to(dev, dtype)
         e = model.embed(ids[b:b + chunk].to(dev))
         p = guided_logp(model, hb[:, :, cells[:, 1:]], settings)  # [n, H, W-1, V] true p of cells x >= 1
-        qh = guided_logp(model, horizontal_chain(heads, hb, e, layout), s_h)  # [n, H, W-1, V]
+        qh = guided_logp(model, horizontal_chain(heads, hb, e, layout), settings)  # [n, H, W-1, V]
         acc_h = overlap(p, qh)  # [n, H, W-1]
         sums["h"] += acc_h.sum((0, 1)).cpu()
         sums["h0"] += acc_h[:, 0].sum(0).cpu()
         sums["h_top1"] += (p.argmax(-1) == qh.argmax(-1)).float().sum((0, 1)).cpu()
         if H > 1:
-            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout, refine=refine), s_v)  # [n, H-1, W-1, V]
+            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout, refine=refine), settings)  # [n, H-1, W-1, V]
             sums["v"] += overlap(p[:, 1:], qv).sum((0, 1)).cpu()
             if h_stale is not None:
                 hs = h_stale[b:b + chunk].to(dev, dtype)
-                qs = guided_logp(model, vertical_drafts(heads, hs, e, layout, refine=refine), s_v)
+                qs = guided_logp(model, vertical_drafts(heads, hs, e, layout, refine=refine), settings)
                 sums["v_stale"] += overlap(p[:, 1:], qs).sum((0, 1)).cpu()
             sums["v_top1"] += (p[:, 1:].argmax(-1) == qv.argmax(-1)).float().sum((0, 1)).cpu()
         n += hb.shape[0]
@@ -123,43 +118,6 @@ def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, s
         if h_stale is not None:
             out["vertical_stale_expected"] = _r(sums["v_stale"].sum() / (n * (H - 1) * (W - 1)))
             out["expected_acceptance_stale"] = _r((sums["h0"].sum() + sums["v_stale"].sum()) / (n * (W - 1) * H))
-    return out
-
-
-@torch.no_grad()
-def calibrate_drafts(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, settings: SamplerSettings,
-                     chunk: int = 8) -> dict:
-    """Per head, the guidance share and temperature factor (of the grids above) whose draft distributions q
-    overlap the model's processed p most on teacher-forced grids h [N, S, L+1, d], ids [N, L]: Hh on its
-    chains along the first row (the only row it drafts), Hv on the rows below. Any q is a valid draft, so
-    this only moves acceptance. -> {"horizontal_draft_guidance": g, "horizontal_draft_temperature": t, ...,
-    "horizontal_draft_expected": overlap at (g, t), "horizontal_draft_expected_plain": at (1, 1), ...}"""
-    H, W = layout.grid
-    cells = layout.slot_of_cell.view(H, W)
-    shares = GUIDANCE_SHARES if settings.guided else (1.0,)
-    factors = TEMPERATURE_FACTORS if settings.temperature > 0 else (1.0,)
-    combos = [(1.0, 1.0)] + [(g, t) for g in shares for t in factors if (g, t) != (1.0, 1.0)]  # ties keep (1, 1)
-    sums = {"horizontal": torch.zeros(len(combos)), "vertical": torch.zeros(len(combos))}
-    counts = {"horizontal": 0, "vertical": 0}
-    for b in range(0, h.shape[0], chunk):
-        hb = h[b:b + chunk].to(model.device, model.dtype)
-        e = model.embed(ids[b:b + chunk].to(model.device))
-        p = guided_logp(model, hb[:, :, cells[:, 1:]], settings)  # [n, H, W-1, V] true p of cells x >= 1
-        drafts = {"horizontal": (horizontal_chain(heads, hb, e, layout)[:, :, 0], p[:, 0])}  # row 0's chains
-        if H > 1:
-            drafts["vertical"] = (vertical_drafts(heads, hb, e, layout, refine=heads.refine), p[:, 1:])
-        for head, (feats, target) in drafts.items():
-            logits = model.image_logits(feats).transpose(0, 1)  # [S, n, ..., V]
-            for i, (g, t) in enumerate(combos):
-                s = replace(settings, cfg=1.0 + g * (settings.cfg - 1.0), temperature=settings.temperature * t)
-                sums[head][i] += overlap(target, log_probs(guide(logits, s.cfg), s, check=False)).sum().cpu()
-            counts[head] += target[..., 0].numel()
-    out = {}
-    for head in drafts:
-        best = int(sums[head].argmax())
-        out[f"{head}_draft_guidance"], out[f"{head}_draft_temperature"] = combos[best]
-        out[f"{head}_draft_expected"] = _r(sums[head][best] / counts[head])
-        out[f"{head}_draft_expected_plain"] = _r(sums[head][0] / counts[head])
     return out
 
 

@@ -86,7 +86,10 @@ def validate(args) -> None:
         from .train import TrainConfig
 
         check_output(args.out, "--out", {".safetensors"})
-        _grid_files(args.grids, "--grids")
+        for one in (args.grids.split(",") if args.grids else []):
+            if not Path(one).is_file():
+                raise SSDError(f"--grids {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
+                               "and 'classes' [N]")
         samples = args.samples if args.samples is not None else (0 if args.grids else 256)
         if samples < 1 and not args.grids:
             raise SSDError(f"train-heads samples must be a whole number >= 1 (or 0 with --grids FILE), got {samples}")
@@ -97,23 +100,6 @@ def validate(args) -> None:
                                         refine=args.refine, checkpoint_every=args.checkpoint_every,
                                         until=_clock_time(args.until), vertical_shift=args.vertical_shift,
                                         init=args.init, train=args.train)
-
-
-    elif args.command == "calibrate-heads":
-        check_output(args.out, "--out", {".safetensors"})
-        if not Path(args.heads).is_file():
-            raise SSDError(f"--heads {args.heads} is not a file: give the heads .safetensors file to calibrate")
-        _grid_files(args.grids, "--grids")
-        _grid_files(args.heldout_grids, "--heldout-grids")
-        _positive(args, "--count")
-
-
-def _grid_files(text: str | None, flag: str) -> None:
-    """Each of the comma-separated grid files must exist."""
-    for one in (text.split(",") if text else []):
-        if not Path(one).is_file():
-            raise SSDError(f"{flag} {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
-                           "and 'classes' [N]")
 
 
 def _clock_time(text):
@@ -203,22 +189,16 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _settings(args, model):
-    """The sampler settings of the command line, the model's defaults where a flag is not given."""
-    from .sampling import SamplerSettings
-
-    d = model.defaults
-    return SamplerSettings(args.seed, d["cfg"] if args.cfg is None else args.cfg,
-                           d["temperature"] if args.temperature is None else args.temperature,
-                           d["top_k"] if args.top_k is None else args.top_k,
-                           d["top_p"] if args.top_p is None else args.top_p)
-
-
 def cmd_train(args) -> int:
+    from .sampling import SamplerSettings
     from .train import train_heads
 
     model, _ = _load(args)
-    settings = _settings(args, model)
+    d = model.defaults
+    settings = SamplerSettings(args.seed, d["cfg"] if args.cfg is None else args.cfg,
+                               d["temperature"] if args.temperature is None else args.temperature,
+                               d["top_k"] if args.top_k is None else args.top_k,
+                               d["top_p"] if args.top_p is None else args.top_p)
     cfg = args.train_config
     from .train import read_grids
 
@@ -226,17 +206,6 @@ def cmd_train(args) -> int:
     held = read_grids(args.heldout_grids, model) if args.heldout_grids else None
     _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts,
                             features=args.features, heldout_grids=held)
-    print(json.dumps(report))
-    print(f"wrote {args.out}")
-    return 0
-
-
-def cmd_calibrate(args) -> int:
-    from .train import calibrate_heads_file
-
-    model, _ = _load(argparse.Namespace(**{**vars(args), "heads": "none"}))
-    report = calibrate_heads_file(model, args.heads, args.out, args.grids, _settings(args, model), args.count,
-                                  args.heldout_grids)
     print(json.dumps(report))
     print(f"wrote {args.out}")
     return 0
@@ -320,15 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]; "
                    "comma-separated files are joined) instead of sampling the model")
     t.set_defaults(func=cmd_train)
-    k = sub.add_parser("calibrate-heads", help="calibrate a heads file's draft distributions (guidance, "
-                       "temperature per head) for acceptance; train-heads does it on its own")
-    _sampler_flags(k)
-    k.add_argument("--heads", required=True, help="the heads .safetensors file to calibrate")
-    k.add_argument("--out", required=True, help="the calibrated heads file to write (may be --heads)")
-    k.add_argument("--grids", required=True, help="grids to calibrate on (safetensors, like train-heads --grids)")
-    k.add_argument("--count", type=int, default=64, help="calibrate on the first N of --grids")
-    k.add_argument("--heldout-grids", default=None, help="also report the expected acceptance on these grids")
-    k.set_defaults(func=cmd_calibrate)
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")

@@ -7,26 +7,19 @@ Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU
     above the cell that feature drafts (y+1, x+1), whose token is the strongest hint (the last column reads
     the row above's last cell).
 h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
-Each head's draft distribution q is made with the sampler's settings, calibrated per head (heads metadata
-`{head}_draft_guidance`, `{head}_draft_temperature`; see `draft_settings`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .errors import SSDError
-from .sampling import SamplerSettings
 
 FORMAT = "ssd-heads"
 FORMAT_VERSION = "1"
 HEAD_FORM = "concat-linear+swiglu-residual"
-HEAD_NAMES = ("horizontal", "vertical")
-DRAFT_GUIDANCE_RANGE = (0.0, 2.0)  # share of the sampler's guidance (cfg - 1) a head's q keeps
-DRAFT_TEMPERATURE_RANGE = (0.25, 4.0)  # factor on the sampler's temperature for a head's q
 
 
 class DraftHead(nn.Module):
@@ -70,20 +63,6 @@ class DraftHeads(nn.Module):
     def vertical_shift(self) -> int:
         """Columns to the right of the predicted feature's cell that Hv reads in the row above (0 or 1)."""
         return int(self.extra.get("vertical_shift", "0"))
-
-    def draft_calibration(self, head: str) -> tuple[float, float]:
-        """(guidance share, temperature factor) of this head's draft distribution; (1, 1): the sampler's own."""
-        return (float(self.extra.get(f"{head}_draft_guidance", 1.0)),
-                float(self.extra.get(f"{head}_draft_temperature", 1.0)))
-
-    def draft_settings(self, head: str, settings: SamplerSettings) -> SamplerSettings:
-        """The settings this head's drafts q are made with: cfg 1 + g (cfg - 1) and temperature t * T for the
-        head's calibrated (g, t). Any q keeps `ssd-exact` identical to `ar` and `ssd`'s acceptance rule
-        correct (the residual makes up for q); a calibrated q is only accepted more often."""
-        g, t = self.draft_calibration(head)
-        if g == 1.0 and t == 1.0:
-            return settings
-        return replace(settings, cfg=1.0 + g * (settings.cfg - 1.0), temperature=settings.temperature * t)
 
     def metadata(self) -> dict[str, str]:
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "family": self.family,
@@ -172,17 +151,6 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     if meta.get("vertical_shift", "0") not in ("0", "1"):
         raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
                        "the pack reads 0 or 1: retrain the heads or update the pack")
-    for head in HEAD_NAMES:
-        for knob, (low, high) in (("guidance", DRAFT_GUIDANCE_RANGE), ("temperature", DRAFT_TEMPERATURE_RANGE)):
-            key = f"{head}_draft_{knob}"
-            try:
-                ok = low <= float(meta.get(key, "1")) <= high  # NaN fails too
-            except ValueError:
-                ok = False
-            if not ok:
-                raise SSDError(f"{path.name} has {key} {meta.get(key)!r} in its metadata; it must be a number in "
-                               f"[{low}, {high}] (1 = the sampler's own): re-calibrate the heads with "
-                               "`python -m ssd_core calibrate-heads` or remove the key")
     check_shapes(path.name, tensors, hidden, inter)  # before the network is built from the metadata
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}

@@ -9,7 +9,6 @@ import torch
 
 from . import trace as T
 from .sampling import SamplerSettings, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
-from .heads import HEAD_NAMES
 from .session import Layout, Session
 
 
@@ -23,7 +22,6 @@ class Run:
     def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
-        self.draft_settings = {} if heads is None else {h: heads.draft_settings(h, settings) for h in HEAD_NAMES}
         self.session: Session | None = None  # the (batch's) KV cache, set by the engine
         dev = model.device
         L = layout.num_slots
@@ -98,15 +96,13 @@ class Run:
         return self.slot_ids[lo:hi]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
-        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: "model", or the
-        head that drafted them, "horizontal" / "vertical", whose q uses its calibrated settings).
+        """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
-        settings = self.draft_settings.get(source, self.settings)
-        guided = guide(logits, settings.cfg)
+        guided = guide(logits, self.settings.cfg)
         self.expect(guided.sum().isfinite(),
-                    lambda: check_finite(guided, settings, slots, logits, "model" if source == "model" else "heads"))
-        return log_probs(guided, settings, check=False)
+                    lambda: check_finite(guided, self.settings, slots, logits, source))
+        return log_probs(guided, self.settings, check=False)
 
     # ---- the one host copy per step ---------------------------------------------------------------
     def expect(self, ok: torch.Tensor, fail) -> None:

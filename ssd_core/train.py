@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from .acceptance import calibrate_drafts, guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
+from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
 from .errors import SSDError
 from .heads import DraftHeads
 from .sampling import SamplerSettings, guide, sample_logits
@@ -376,8 +376,6 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
               "trained": cfg.train,
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
-    report.update(calibrate(model, heads, h_train[:CALIBRATION_GRIDS], ids_train[:CALIBRATION_GRIDS], layout, settings,
-                            h_held, ids_held, log))
     scores = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
     if cfg.refine:  # trained both ways: drafts refined only where that is accepted more (on stale inputs)
         refined = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held, refine=True)
@@ -391,61 +389,6 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
         heads.save(out_path)
     return heads, report
-
-
-CALIBRATION_GRIDS = 64  # training grids the draft distributions are calibrated on
-
-
-def calibrate(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout, settings: SamplerSettings,
-              h_held: torch.Tensor | None = None, ids_held: torch.Tensor | None = None, log=print) -> dict:
-    """Calibrate each head's draft distribution on grids h, ids (acceptance.calibrate_drafts) and store it in
-    the heads' metadata; with held-out grids, their expected acceptance before and after. -> report entries."""
-    for head in ("horizontal", "vertical"):  # calibrated from the plain draft distributions
-        heads.extra.pop(f"{head}_draft_guidance", None)
-        heads.extra.pop(f"{head}_draft_temperature", None)
-    before = None if h_held is None else heads_acceptance(model, heads, h_held, ids_held, layout, settings)
-    found = calibrate_drafts(model, heads, h, ids, layout, settings)
-    knobs = {k: v for k, v in found.items() if k.endswith(("_guidance", "_temperature"))}
-    heads.extra.update({k: str(v) for k, v in knobs.items()})
-    report = {**knobs, "calibration_grids": int(h.shape[0])}
-    line = "draft calibration on %d grids: " % h.shape[0] + ", ".join(
-        f"{head} guidance {found[f'{head}_draft_guidance']} temperature {found[f'{head}_draft_temperature']} "
-        f"(expected {found[f'{head}_draft_expected_plain']} -> {found[f'{head}_draft_expected']})"
-        for head in ("horizontal", "vertical") if f"{head}_draft_guidance" in found)
-    if before is not None:
-        after = heads_acceptance(model, heads, h_held, ids_held, layout, settings)
-        report["expected_acceptance_uncalibrated"] = before["expected_acceptance"]
-        line += (f"; held-out expected acceptance {before['expected_acceptance']} -> {after['expected_acceptance']} "
-                 f"(Hh row 0 {before['horizontal_row0_expected']} -> {after['horizontal_row0_expected']}, "
-                 f"Hv {before.get('vertical_expected')} -> {after.get('vertical_expected')})")
-    log(line)
-    return report
-
-
-def calibrate_heads_file(model, heads_path, out_path, grids: str, settings: SamplerSettings, count: int = CALIBRATION_GRIDS,
-                         heldout_grids: str | None = None, batch: int = 8, log=print) -> dict:
-    """Calibrate the draft distributions of a heads file on the first `count` grids of `grids` (files as
-    read_grids reads them), score it on `heldout_grids` when given, and write it to `out_path`."""
-    from .heads import load_heads_file
-
-    heads = load_heads_file(heads_path).to(model.device, model.dtype).eval()
-    heads.check_model(model)
-    layout = model.layout(None)
-    prompts, codes = read_grids(grids, model)
-    h, ids = collect_features(model, prompts[:count], codes[:count], settings, layout, batch)
-    h_held = ids_held = None
-    if heldout_grids:
-        held_prompts, held_codes = read_grids(heldout_grids, model)
-        h_held, ids_held = collect_features(model, held_prompts, held_codes, settings, layout, batch)
-    report = calibrate(model, heads, h, ids, layout, settings, h_held, ids_held, log)
-    if h_held is not None:
-        scores = heads_acceptance(model, heads, h_held, ids_held, layout, settings)
-        report.update(scores)
-        heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in scores.items()})
-        heads.extra["heldout"] = str(h_held.shape[0])
-    heads.extra.update({k: str(v) for k, v in report.items() if not isinstance(v, (list, dict))})
-    heads.save(out_path)
-    return report
 
 
 def start_heads(model, cfg: TrainConfig) -> DraftHeads:

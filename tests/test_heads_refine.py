@@ -47,9 +47,9 @@ def test_refined_vertical_drafts_see_the_token_drafted_on_their_left(tiny):
         base = run.features[:, int(row1[0]) - 1]  # the row-end slot before row 1
         for x in range(W - 1):  # cell x+1 drafted from Hh(feature before x, token drafted at x)
             base = heads.horizontal(base if x == 0 else pv[:, x - 1], e[int(row1[x])])
-            want = run.logp(model.image_logits(base[:, None]), row1[x + 1:x + 2], "vertical")[0]
+            want = run.logp(model.image_logits(base[:, None]), row1[x + 1:x + 2], "heads")[0]
             assert torch.allclose(seen[int(row1[x + 1])], want, atol=1e-5)
-            unrefined = run.logp(model.image_logits(pv[:, x:x + 1]), row1[x + 1:x + 2], "vertical")[0]
+            unrefined = run.logp(model.image_logits(pv[:, x:x + 1]), row1[x + 1:x + 2], "heads")[0]
             assert not torch.allclose(want, unrefined, atol=1e-4)
     # the offline drafts (acceptance.vertical_drafts) are the same features as ssd's on teacher-forced inputs
     h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]

@@ -36,7 +36,7 @@ def test_online_vertical_drafts_read_the_shifted_cell_and_match_the_offline_ones
             want = heads.vertical(run.features[:, src], e[src])  # [B, W, d]
         assert torch.allclose(run.features[:, cells[y]], want, atol=1e-5)
         for x in range(W - 1):  # cell x+1 of row y is drafted from the feature predicted at x
-            q = run.logp(model.image_logits(want[:, x:x + 1]), cells[y, x + 1:x + 2], "vertical")[0]
+            q = run.logp(model.image_logits(want[:, x:x + 1]), cells[y, x + 1:x + 2], "heads")[0]
             assert torch.allclose(seen[int(cells[y, x + 1])], q, atol=1e-5)
     # offline (trainer and scorer), on the same features taken as teacher-forced: the same predictions
     h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]

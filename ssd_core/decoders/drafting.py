@@ -44,7 +44,7 @@ def draft(run: Run, target: int, pick) -> None:
                 base, picked = feature(run, s - 1), []
                 for i, t in enumerate(range(s, stop)):
                     one = run.slots(t, t + 1)
-                    code = pick(run.logp(run.model.image_logits(base[:, None]), one, "vertical"), run.rank[t], run.rank[t] + 1)
+                    code = pick(run.logp(run.model.image_logits(base[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
                     picked.append(code)
                     with torch.no_grad():
                         base = heads.horizontal(base if i == 0 else pred[:, i - 1], _embed(run, run.id_of_code[code])[0])
@@ -52,14 +52,14 @@ def draft(run: Run, target: int, pick) -> None:
                 codes = torch.cat(picked)
             else:
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
-                codes = pick(run.logp(run.model.image_logits(prev), slots, "vertical"), run.rank[s], run.rank[stop])
+                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
             run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
             picked = []
             for t in range(s, stop):
                 one = run.slots(t, t + 1)
                 prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "horizontal"), run.rank[t], run.rank[t] + 1)
+                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
                 picked.append(code)
                 with torch.no_grad():
                     run.features[:, t] = heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
@@ -70,14 +70,12 @@ def draft(run: Run, target: int, pick) -> None:
         s = run.end
 
 
-def reanchor_row(run: Run, k: int) -> None:
-    """Slot k's token was just corrected (final, not yet fed): re-draft the window's slots after it in its row
-    by an Hh chain from the exact feature before k and k's token, Gumbel-coupled as every exact draft is.
-    The verifier's outputs there saw the rejected token. Measured on the bundled model (8 images, median):
-    ssd-exact 108 -> 99 steps, ssd (its first row by the exact rule) 85.5 -> 77.5; in the rows below, where Hv
-    drafts, the verifier's outputs beat an Hh chain (ssd-exact 131 steps with every row re-drafted)."""
+def reanchor_row(run: Run, k: int, cells: int) -> None:
+    """Slot k's token was just corrected (final, not yet fed): re-draft up to `cells` window slots after it in
+    its row by an Hh chain from the exact feature before k and k's token, Gumbel-coupled as every exact draft
+    is (the verifier's outputs there saw the rejected token)."""
     stride, W = run.layout.row_stride, run.layout.grid[1]
-    stop = min((k // stride) * stride + W, run.end)  # this row's image cells inside the window
+    stop = min((k // stride) * stride + W, run.end, k + 1 + cells)  # cells of this row inside the window
     if k + 1 >= stop:
         return
     with torch.no_grad():
@@ -85,7 +83,7 @@ def reanchor_row(run: Run, k: int) -> None:
     run.head_calls += 1
     for t in range(k + 1, stop):
         one = run.slots(t, t + 1)
-        code = run.gumbel_sample(run.logp(run.model.image_logits(f[:, None]), one, "horizontal"), run.rank[t],
+        code = run.gumbel_sample(run.logp(run.model.image_logits(f[:, None]), one, "heads"), run.rank[t],
                                  run.rank[t] + 1)
         run.set_tokens(one, code)
         with torch.no_grad():

@@ -4,8 +4,8 @@ A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every reject
 norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
 with the first verification of the next one (both ride in one forward).
 Schedule: `stable_first_row` 2 (the default) decodes the first row by ssd-exact's rule (Gumbel-coupled
-prefix acceptance: the row `ar` draws for the seed, its Hh chain re-anchored at every mismatch by the
-verifier's outputs), then the blocks below as above; 1 (the paper's) verifies the first block until a round
+prefix acceptance: the row `ar` draws for the seed, its Hh chain re-drafted from every corrected token,
+`reanchor_row`), then the blocks below as above; 1 (the paper's) verifies the first block until a round
 changes nothing (capped at one round per cell of a row). `adaptive_percent` > 0 ends the other blocks'
 verification once a round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
 """
