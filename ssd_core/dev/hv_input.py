@@ -2,10 +2,11 @@
 directly above the drafted cell). Hv only, Smooth-L1 + KL of the guided distributions, same init, same steps;
 prints the held-out expected acceptance of Hv. On the bundled model:
 
-    python -m ssd_core.dev.hv_input GRIDS HELDOUT_GRIDS N STEPS fresh|shipped [INTERMEDIATE [SHIFTS]]
+    python -m ssd_core.dev.hv_input GRIDS HELDOUT_GRIDS N STEPS fresh|shipped [INTERMEDIATE [SHIFTS [KL_WEIGHTS]]]
     python -m ssd_core.dev.hv_input build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 fresh
 
-(features of the first N shuffled grids are stored beside GRIDS as GRIDS.hvN.safetensors and reused)."""
+(features of the first N shuffled grids are stored beside GRIDS as GRIDS.hvN.safetensors and reused).
+KL_WEIGHTS (default 1): comma list of weights of the KL term, e.g. 1,0 (0: Smooth-L1 on features only)."""
 import copy, os, sys, time
 
 import torch
@@ -25,6 +26,7 @@ GRIDS, HELD = sys.argv[1], sys.argv[2]
 N = int(sys.argv[3]); steps = int(sys.argv[4]); init = sys.argv[5]  # 'shipped' or 'fresh'
 inter = int(sys.argv[6]) if len(sys.argv) > 6 else 256
 shifts = [int(v) for v in sys.argv[7].split(',')] if len(sys.argv) > 7 else [0, 1]
+kls = [float(v) for v in sys.argv[8].split(',')] if len(sys.argv) > 8 else [1.0]
 feat_path = f"{GRIDS}.hv{N}.safetensors"
 if os.path.exists(feat_path):
     t = load_file(feat_path); h, ids = t["h"], t["ids"]; hh, idsh = t["hh"], t["idsh"]
@@ -61,9 +63,10 @@ def score(head, shift):
 shipped = ssd_core.load_heads("reference", m)
 for p in m.model.parameters(): p.requires_grad_(False)
 res = {}
-for shift in shifts:
+for shift, kl in [(sh, k) for sh in shifts for k in kls]:
     head = copy.deepcopy(shipped.vertical).float() if inter == 256 else ssd_core.heads.DraftHead(256, inter)
     if init == "fresh":
+        torch.manual_seed(0)  # the same fresh weights for every setting
         for mod in head.modules():
             if hasattr(mod, "reset_parameters"): mod.reset_parameters()
     for p in head.parameters(): p.requires_grad_(True)
@@ -78,9 +81,9 @@ for shift in shifts:
         loss = F.smooth_l1_loss(pred, hb[:, :, cells[1:] + 1])
         with torch.no_grad(): logp = guided_logp(m, hb[:, :, cells[1:, 1:]], s)
         logq = guide(m.image_logits(pred[:, :, :, :-1]).transpose(0, 1), s.cfg).log_softmax(-1)
-        loss = loss + (logp.exp() * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+        loss = loss + kl * (logp.exp() * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
         if (st + 1) % max(1, steps // 4) == 0:
-            print(f"shift {shift} step {st+1} ({time.time()-t0:.0f} s): held-out Hv expected {score(head, shift):.4f}", flush=True)
-    res[shift] = score(head, shift)
+            print(f"shift {shift} kl {kl} step {st+1} ({time.time()-t0:.0f} s): held-out Hv expected {score(head, shift):.4f}", flush=True)
+    res[(shift, kl)] = score(head, shift)
 print("RESULT", init, N, steps, res, flush=True)
