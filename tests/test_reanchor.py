@@ -4,12 +4,8 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core.decoders.drafting import _embed, draft, feature, reanchor_row, rows_end
-from ssd_core.run import Run
-from ssd_core.sampling import SamplerSettings
-from tiny import tiny_model_and_heads
-
-SETTINGS = SamplerSettings(seed=4, cfg=3.0, temperature=1.0, top_k=8)
+from ssd_core.decoders.drafting import _embed, feature, reanchor_row
+from tiny import drafted_rows, tiny_model_and_heads
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["row-end", "no-row-end"])
@@ -17,20 +13,12 @@ def tiny(request, tmp_path_factory):
     return tiny_model_and_heads(tmp_path_factory.mktemp("m") / "model", grid=(4, 5), row_end=request.param)
 
 
-def drafted_run(model, heads, rows):
-    layout = model.layout(None)
-    session = model.start(model.build_prompt(1, "", True, layout.grid))
-    run = Run(model, heads, layout, SETTINGS, session.last_features)
-    draft(run, rows_end(run, 0, rows), run.gumbel_sample)  # the first rows drafted, the window's end after them
-    return run
-
-
 @pytest.mark.parametrize("row,k,cells", [(0, 1, 5), (0, 2, 1), (1, 0, 1), (1, 1, 2)])
 def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
     model, heads = tiny
     layout = model.layout(None)
     W, stride = layout.grid[1], layout.row_stride
-    run = drafted_run(model, heads, rows=3)
+    run, _ = drafted_rows(model, heads, rows=3)  # the first rows drafted, the window's end after them
     slot = row * stride + k
     corrected = (run.codes[slot] + 1) % model.image_vocab_size
     run.set_tokens(run.slots(slot, slot + 1), corrected[None], draft=False)

@@ -55,19 +55,25 @@ def draft(run: Run, target: int, pick) -> None:
                 codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
             run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
-            picked = []
-            for t in range(s, stop):
-                one = run.slots(t, t + 1)
-                prev = feature(run, t - 1)
-                code = pick(run.logp(run.model.image_logits(prev[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
-                picked.append(code)
-                with torch.no_grad():
-                    run.features[:, t] = heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
-                run.head_calls += 1
-            codes = torch.cat(picked)
+            codes = _chain(run, feature(run, s - 1), s, stop, pick)
         run.set_tokens(slots, codes)
         run.set_end(stop)
         s = run.end
+
+
+def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick) -> torch.Tensor:
+    """Hh along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
+    slot's code is pick's draw from the q of the feature before it; the features are written. -> codes [hi - lo]."""
+    picked = []
+    for t in range(lo, hi):
+        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
+                    run.rank[t] + 1)
+        picked.append(code)
+        with torch.no_grad():
+            prev = run.heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
+        run.features[:, t] = prev
+        run.head_calls += 1
+    return torch.cat(picked)
 
 
 def reanchor_row(run: Run, k: int, cells: int) -> None:
@@ -79,17 +85,9 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     if k + 1 >= stop:
         return
     with torch.no_grad():
-        f = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
+        at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
     run.head_calls += 1
-    for t in range(k + 1, stop):
-        one = run.slots(t, t + 1)
-        code = run.gumbel_sample(run.logp(run.model.image_logits(f[:, None]), one, "heads"), run.rank[t],
-                                 run.rank[t] + 1)
-        run.set_tokens(one, code)
-        with torch.no_grad():
-            f = run.heads.horizontal(f, _embed(run, run.id_of_code[code])[0])
-        run.head_calls += 1
-        run.features[:, t] = f
+    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample))
 
 
 def _forced_features(run: Run, s: int) -> None:
