@@ -93,7 +93,25 @@ def sample_prompts(model, n: int, rng: random.Random) -> list:
 @torch.no_grad()
 def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layout, batch: int = 8,
                    log=print) -> torch.Tensor:
-    """Batched AR sampling with CFG: [N, L] codes per slot (-1 at forced slots)."""
+    """Batched AR sampling with CFG: [N, L] codes per slot (-1 at forced slots). One token per forward reads
+    the whole KV cache, so the loop is memory-bound: it runs on the static cache (written in place) unless the
+    model already has one. Bundled model, batches of 32, one CPU thread: half the time of the dynamic
+    cache (3.9 vs 7.9 s per grid, README)."""
+    from . import static_cache
+
+    before = getattr(model, "static", None)
+    if before is None:
+        try:
+            static_cache.enable(model, "static")
+        except SSDError:  # a family whose final norm the static path cannot bypass: the dynamic cache
+            pass
+    try:
+        return _sample_grids(model, prompts, settings, layout, batch, log)
+    finally:
+        model.static = before  # the model's own cache mode again (and the sampling caches freed)
+
+
+def _sample_grids(model, prompts, settings, layout, batch, log) -> torch.Tensor:
     out = []
     gen = torch.Generator().manual_seed(settings.seed)
     t0 = time.time()

@@ -97,3 +97,27 @@ def test_cli_generate_bench_and_errors(tmp_path):
     assert '"samples": 4' in from_file.stdout and "generating" not in from_file.stdout
     bad = _cli("train-heads", "--model", folder, "--out", tmp_path / "g.safetensors", "--grids", heads)
     assert bad.returncode == 2 and "needs the tensors 'tokens'" in bad.stderr
+
+
+def test_self_distilled_grids_sample_on_the_static_cache(tmp_path, monkeypatch):
+    """train-heads samples its grids on the static cache (memory-bound loop) with the same codes as the dynamic
+    cache gives, and leaves the model's own cache mode as it was."""
+    from ssd_core import static_cache, train
+    from ssd_core.sampling import SamplerSettings
+
+    for row_end in (False, True):
+        model = ssd_core.load_model(make_llama_grid(tmp_path / f"m{row_end}", grid=(4, 5), row_end=row_end))
+        layout = model.layout(None)
+        s = SamplerSettings(seed=5, cfg=3.0, top_k=8)
+        dynamic = train._sample_grids(model, [0, 1, 2], s, layout, 2, lambda *_: None)
+        sessions = []
+        start = model.start
+        monkeypatch.setattr(model, "start", lambda *a, **k: sessions.append(start(*a, **k)) or sessions[-1])
+        codes = train.generate_grids(model, [0, 1, 2], s, layout, batch=2, log=lambda *_: None)
+        assert torch.equal(codes, dynamic) and (codes[:, layout.forced < 0] >= 0).all()
+        assert {type(x).__name__ for x in sessions} == {"StaticSession"}
+        assert static_cache.mode_of(model) == "off"
+        static_cache.enable(model, "static")
+        kept = model.static
+        train.generate_grids(model, [0], s, layout, log=lambda *_: None)
+        assert model.static is kept
