@@ -95,8 +95,8 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
                    log=print) -> torch.Tensor:
     """Batched AR sampling with CFG: [N, L] codes per slot (-1 at forced slots). One token per forward reads
     the whole KV cache, so the loop is memory-bound: it runs on the static cache (written in place) unless the
-    model already has one. Bundled model, batches of 32, one CPU thread: half the time of the dynamic
-    cache (3.9 vs 7.9 s per grid, README)."""
+    model already has one: half the time of the dynamic cache on the bundled model, the same grids
+    (`python -m ssd_core.dev.grids_bench`; figures in the README)."""
     from . import static_cache
 
     before = getattr(model, "static", None)
