@@ -14,7 +14,7 @@ from . import trace as trace_mod
 from .loaders import SSDModel
 
 SSDError = ssd_core.SSDError
-AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p
+AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p
 PREVIEW_INTERVAL_S = 0.25
 MAX_BATCH = 16
 
@@ -122,13 +122,16 @@ class SSDSampler:
                 "batch_size": ("INT", {"default": 1, "min": 1, "max": MAX_BATCH,
                                "tooltip": "images per run, seeds seed, seed+1, ...; one model forward per step "
                                           "serves them all"}),
+                "min_p": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 0.99, "step": 0.005, "round": 0.0001,
+                          "tooltip": "-1 = the model's default; 0 = off; 0.01 = guidance only picks codes the "
+                                     "prompt gives at least 1% of its most likely code's probability"}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
     def sample(self, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
-               negative_prompt="", batch_size=1, unique_id=None):
+               negative_prompt="", batch_size=1, min_p=AUTO, unique_id=None):
         if not isinstance(ssd_model, SSDModel):
             raise SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)' "
                            "(or 'Load SSD Heads').")
@@ -150,6 +153,7 @@ class SSDSampler:
             temperature=_auto(temperature, float, "temperature"),
             top_k=_auto(top_k, int, "top_k"),
             top_p=_auto(top_p, float, "top_p"),
+            min_p=_auto(min_p, float, "min_p"),
             draft_rows=int(draft_rows),
             verify_rounds=int(verify_rounds),
             grid=grids.parse(grid, getattr(model, "family", "")),

@@ -86,11 +86,11 @@ def save_ar(model, out_dir: str, lay: dict, class_names: list[str], extra: dict 
             "null_class_token": lay["null_class_token"], "vq_decoder": "vq.safetensors",
             "class_names": list(class_names), "data_version": 2 if lay.get("row_end_token") is not None else 1,
             "default_cfg": 3.0, "default_temperature": 1.0,
-            "default_top_k": 0}
+            "default_top_k": 0, "default_min_p": 0.0}
     path = os.path.join(out_dir, "ssd_model.json")
     if os.path.exists(path):  # keep tuned sampling defaults
         old = json.load(open(path))
-        for k in ("default_cfg", "default_temperature", "default_top_k"):
+        for k in ("default_cfg", "default_temperature", "default_top_k", "default_min_p"):
             meta[k] = old.get(k, meta[k])
     meta.update(extra or {})
     with open(path, "w") as f:

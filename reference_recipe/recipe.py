@@ -183,6 +183,7 @@ def main(argv=None):
     ap.add_argument("--per-class", type=int, default=2)
     ap.add_argument("--classes", help="comma-separated class indices")
     ap.add_argument("--cfg", type=float)
+    ap.add_argument("--min-p", type=float, help="min-p on the conditional stream (default: the model's)")
     ap.add_argument("--top-k", type=int)
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--seed", type=int, default=0)
@@ -191,13 +192,14 @@ def main(argv=None):
     if a.score:
         res = score_model(a.score, images=a.images, seeds=[int(x) for x in a.seeds.split(",")],
                           yardstick=a.yardstick, png=a.png if a.png != "samples.png" else None,
-                          cfg=a.cfg, top_k=a.top_k, temperature=a.temperature)
+                          cfg=a.cfg, top_k=a.top_k, temperature=a.temperature,
+                          min_p=a.min_p)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
     elif a.sample:
         classes = [int(c) for c in a.classes.split(",")] if a.classes else None
-        sample_sheet(a.sample, a.png, per_class=a.per_class, cfg=a.cfg, top_k=a.top_k,
+        sample_sheet(a.sample, a.png, per_class=a.per_class, cfg=a.cfg, top_k=a.top_k, min_p=a.min_p,
                      temperature=a.temperature, classes=classes, seed=a.seed)
     elif a.out:
         run_recipe(a.out, quick=a.quick, vq_steps=a.vq_steps, copies=a.copies, ar_steps=a.ar_steps,

@@ -26,7 +26,7 @@ def load_model_dir(model_dir: str, dtype=torch.float32):
 
 @torch.no_grad()
 def sample_grids(model, meta: dict, classes: list[int], cfg: float = 3.0, temperature: float = 1.0,
-                 top_k: int = 0, seed: int = 0) -> torch.Tensor:
+                 top_k: int = 0, seed: int = 0, min_p: float = 0.0) -> torch.Tensor:
     """-> codes [B, H, W]."""
     import inspect
     from transformers import DynamicCache
@@ -39,7 +39,7 @@ def sample_grids(model, meta: dict, classes: list[int], cfg: float = 3.0, temper
     cache = DynamicCache()
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     g = torch.Generator().manual_seed(seed)
-    settings = SamplerSettings(seed, cfg, temperature, top_k)
+    settings = SamplerSettings(seed, cfg, temperature, top_k, min_p=min_p)
     out = []
     for t in range(H * W):
         logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits[:, -1, :V].float()
@@ -52,17 +52,20 @@ def sample_grids(model, meta: dict, classes: list[int], cfg: float = 3.0, temper
 
 
 def sample_sheet(model_dir: str, png: str, per_class: int = 2, cfg: float | None = None,
-                 top_k: int | None = None, temperature: float | None = None, classes=None, seed: int = 0):
+                 top_k: int | None = None, temperature: float | None = None, classes=None, seed: int = 0,
+                 min_p: float | None = None):
     model, meta = load_model_dir(model_dir)
     vq = load_vq(os.path.join(model_dir, meta["vq_decoder"]))
     cfg = meta["default_cfg"] if cfg is None else cfg
     top_k = meta["default_top_k"] if top_k is None else top_k
     temperature = meta["default_temperature"] if temperature is None else temperature
+    min_p = meta.get("default_min_p", 0.0) if min_p is None else min_p
     classes = list(range(meta["num_classes"])) if classes is None else classes
     cls = [c for c in classes for _ in range(per_class)]
     t0 = time.time()
-    grids = sample_grids(model, meta, cls, cfg=cfg, temperature=temperature, top_k=top_k, seed=seed)
-    log(f"sampled {len(cls)} grids in {time.time() - t0:.1f}s (cfg {cfg}, top_k {top_k}, T {temperature})")
+    grids = sample_grids(model, meta, cls, cfg=cfg, temperature=temperature, top_k=top_k, seed=seed, min_p=min_p)
+    log(f"sampled {len(cls)} grids in {time.time() - t0:.1f}s (cfg {cfg}, top_k {top_k}, T {temperature}, "
+        f"min_p {min_p})")
     imgs = (vq.decode(grids).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
     D.contact_sheet(imgs, cols=per_class * 4).save(png)
     log(f"wrote {png}: rows of 4 classes x {per_class}: {[meta['class_names'][c] for c in classes]}")
@@ -89,7 +92,8 @@ def score_model(model_dir: str, images: int = 64, seeds=(0, 1), yardstick: str |
     model, meta = load_model_dir(model_dir)
     vq = load_vq(os.path.join(model_dir, meta["vq_decoder"]))
     stick = load_yardstick(yardstick or os.path.join(model_dir, "yardstick.safetensors"))
-    kw = {"cfg": meta["default_cfg"], "top_k": meta["default_top_k"], "temperature": meta["default_temperature"]}
+    kw = {"cfg": meta["default_cfg"], "top_k": meta["default_top_k"], "temperature": meta["default_temperature"],
+          "min_p": meta.get("default_min_p", 0.0)}
     kw.update({k: v for k, v in sampling.items() if v is not None})
     classes = [i % meta["num_classes"] for i in range(images)]
     out = {"settings": kw, "images_per_set": images, "sets": []}

@@ -23,9 +23,9 @@ def overlap(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 def guided_logp(model, feats: torch.Tensor, settings: SamplerSettings) -> torch.Tensor:
     """Per-stream features [N, S, ..., d] (S = 2 with CFG: conditional, unconditional) -> processed log p
-    [N, ..., V] as the sampler sees it: guided, then temperature / top-k / top-p."""
+    [N, ..., V] as the sampler sees it: guided (min-p), then temperature / top-k / top-p."""
     logits = model.image_logits(feats).transpose(0, 1)  # [S, N, ..., V]
-    return log_probs(guide(logits, settings.cfg), settings)
+    return log_probs(guide(logits, settings.cfg, settings.min_p), settings)
 
 
 def horizontal_chain(heads, h: torch.Tensor, e: torch.Tensor, layout, depth: int | None = None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .engine import decode_batch
 from .errors import SSDError
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
-from .sampling import SamplerSettings
+from .sampling import settings_from
 from .trace import Trace
 
 REFERENCE_DIR = Path(__file__).parent / "reference"
@@ -98,14 +98,14 @@ class Result:
 
 def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, draft_rows: int | None = None, verify_rounds: int | None = None,
-             window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
-             grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
+             top_p: float | None = None, min_p: float | None = None, draft_rows: int | None = None,
+             verify_rounds: int | None = None, window: int | None = None, stable_first_row: int | None = None,
+             adaptive_percent: int | None = None, grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
     """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
     None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
     return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
                           decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
-                          draft_rows=draft_rows, verify_rounds=verify_rounds, window=window,
+                          min_p=min_p, draft_rows=draft_rows, verify_rounds=verify_rounds, window=window,
                           stable_first_row=stable_first_row, adaptive_percent=adaptive_percent, grid=grid,
                           on_step=on_step, should_cancel=should_cancel, decode_pixels=decode_pixels, score=score)[0]
 
@@ -116,8 +116,8 @@ MAX_BATCH = 64
 def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed: int = 0, batch_size: int | None = None,
                    negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                   draft_rows: int | None = 0, verify_rounds: int | None = None, window: int | None = None,
-                   stable_first_row: int | None = None, adaptive_percent: int | None = None, grid=None, on_step=None,
+                   min_p: float | None = None, draft_rows: int | None = 0, verify_rounds: int | None = None,
+                   window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None, grid=None, on_step=None,
                    should_cancel=None, decode_pixels: bool = True, score: bool = True) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
@@ -137,11 +137,8 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
         raise SSDError(f"a batch of {n} images needs {n} prompts and {n} seeds, got {len(prompts)} prompts "
                        f"and {len(seeds)} seeds")
     d = getattr(model, "defaults", {})
-    settings = [SamplerSettings(
-        seed=int(s), cfg=float(d.get("cfg", 1.0) if cfg is None else cfg),
-        temperature=float(d.get("temperature", 1.0) if temperature is None else temperature),
-        top_k=d.get("top_k", 0) if top_k is None else top_k,
-        top_p=float(d.get("top_p", 1.0) if top_p is None else top_p)) for s in seeds]
+    settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+                for s in seeds]
     policies = [make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent)
                 for _ in range(n)]
     check_negative_prompt(model, negative_prompt)

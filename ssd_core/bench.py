@@ -16,7 +16,7 @@ from .trace import finite_or_none, status_image
 from .yardstick import bench_rows, for_model
 
 
-SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p")
+SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p", "min_p")
 
 
 @dataclass
@@ -32,6 +32,7 @@ class BenchOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
     draft_rows: int | None = None  # None: each decoder's default
     verify_rounds: int = VERIFY_ROUNDS.default
     ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at verify_rounds)
@@ -96,7 +97,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
                 raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
             r = generate(model, drafter, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
-                         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+                         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                          draft_rows=o.draft_rows, window=o.window, **params,
                          grid=o.grid, decode_pixels=out_dir is not None or stick is not None,
                          on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
@@ -192,7 +193,7 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
             chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
                                    seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
                                    cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                                   draft_rows=o.draft_rows, window=o.window, grid=o.grid, **params,
+                                   min_p=o.min_p, draft_rows=o.draft_rows, window=o.window, grid=o.grid, **params,
                                    decode_pixels=False, score=False)
             wall += max(r.trace.timings["wall"] for r in chunk)  # the batch's wall: its last image's
             results += chunk

@@ -52,12 +52,11 @@ def _positive(args, flag: str, low: int = 1) -> None:
 def validate(args) -> None:
     """Every command-line value checked before a model loads or any sampling starts."""
     from .api import check_device
-    from .sampling import SamplerSettings
+    from .sampling import settings_from
 
     check_device(args.device)
-    SamplerSettings(args.seed, 1.0 if args.cfg is None else args.cfg,
-                    1.0 if args.temperature is None else args.temperature,
-                    0 if args.top_k is None else args.top_k, 1.0 if args.top_p is None else args.top_p)
+    settings_from({}, args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  min_p=args.min_p)
     for name, param in PARAMS.items():
         param.check("--" + name.replace("_", "-"), getattr(args, name))
     args.grid = parse_grid(args.grid)
@@ -137,6 +136,8 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None, help="0 = off")
     p.add_argument("--top-p", type=float, default=None, help="1 = off")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="keep codes the prompt gives at least this share of its top code's probability (0 = off)")
     for name, param in PARAMS.items():  # the decoders' parameters, their limits and defaults
         limits = f"{param.low}..{param.high}" if param.high is not None else f">= {param.low}"
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
@@ -169,8 +170,8 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else 0
     result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, draft_rows=args.draft_rows, verify_rounds=args.verify_rounds,
-                      window=args.window, stable_first_row=args.stable_first_row,
+                      top_p=args.top_p, min_p=args.min_p, draft_rows=args.draft_rows,
+                      verify_rounds=args.verify_rounds, window=args.window, stable_first_row=args.stable_first_row,
                       adaptive_percent=args.adaptive_percent, grid=args.grid)
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
@@ -190,15 +191,12 @@ def cmd_generate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .sampling import SamplerSettings
+    from .sampling import settings_from
     from .train import train_heads
 
     model, _ = _load(args)
-    d = model.defaults
-    settings = SamplerSettings(args.seed, d["cfg"] if args.cfg is None else args.cfg,
-                               d["temperature"] if args.temperature is None else args.temperature,
-                               d["top_k"] if args.top_k is None else args.top_k,
-                               d["top_p"] if args.top_p is None else args.top_p)
+    settings = settings_from(model.defaults, args.seed, cfg=args.cfg, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     cfg = args.train_config
     from .train import read_grids
 
@@ -222,7 +220,8 @@ def cmd_bench(args) -> int:
     options = BenchOptions(
         decoders=decoders, images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_rows=args.draft_rows,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        draft_rows=args.draft_rows,
         verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
         window=args.window, grid=args.grid, ssd_rounds=args.ssd_rounds,
         ssd_adaptive=tuple(int(a) for a in args.ssd_adaptive.split(",")) if args.ssd_adaptive else (),

@@ -9,6 +9,7 @@ prefix whose keys were computed from final tokens (per image in a batch).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -219,20 +220,19 @@ def sequence_nll(model: GridModel, prompt: Prompt, layout: Layout, ids: torch.Te
                  settings: SamplerSettings) -> dict:
     """Fidelity of a finished image under the base model (guided logits, one teacher-forced forward).
 
-    nll: mean per-token NLL with the run's sampler settings (temperature, top-k, top-p); infinite when a
-      token lies outside the top-k / top-p set of its final context (a lossy decoder can write such tokens);
+    nll: mean per-token NLL with the run's sampler settings (temperature, top-k, top-p, min-p); infinite when a
+      token lies outside the top-k / top-p / min-p set of its final context (a lossy decoder can write such tokens);
     nll_full: the same with temperature and CFG but no truncation, finite for every decoder;
     out_of_support: the share of tokens the run's sampler settings could not have produced.
     Greedy runs (temperature 0) are scored at temperature 1 so that the figures stay finite.
     """
     _, logits = sequence_logits(model, prompt, ids)
     t = settings.temperature if settings.temperature > 0 else 1.0
-    scoring = SamplerSettings(settings.seed, settings.cfg, t, settings.top_k, settings.top_p)
-    full = SamplerSettings(settings.seed, settings.cfg, t, 0, 1.0)
+    scoring = replace(settings, temperature=t)
+    full = replace(settings, temperature=t, top_k=0, top_p=1.0, min_p=0.0)
     image = layout.forced < 0
-    guided = guide(logits, settings.cfg)[image]
-    target = codes[image].to(guided.device)[:, None]
-    picked = log_probs(guided, scoring).gather(-1, target).squeeze(-1)
-    picked_full = log_probs(guided, full).gather(-1, target).squeeze(-1)
+    target = codes[image].to(logits.device)[:, None]
+    picked = log_probs(guide(logits, settings.cfg, settings.min_p)[image], scoring).gather(-1, target).squeeze(-1)
+    picked_full = log_probs(guide(logits, settings.cfg)[image], full).gather(-1, target).squeeze(-1)
     return {"nll": float(-picked.mean()), "nll_full": float(-picked_full.mean()),
             "out_of_support": float(torch.isinf(picked).float().mean())}

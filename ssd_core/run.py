@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from . import trace as T
-from .sampling import SamplerSettings, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax, log_probs, seeded_generator
+from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
+                       log_probs, seeded_generator)
 from .session import Layout, Session
 
 
@@ -99,8 +100,8 @@ class Run:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
-        guided = guide(logits, self.settings.cfg)
-        self.expect(guided.sum().isfinite(),
+        guided = guide(logits, self.settings.cfg, self.settings.min_p)
+        self.expect(all_rows_finite(guided),
                     lambda: check_finite(guided, self.settings, slots, logits, source))
         return log_probs(guided, self.settings, check=False)
 

@@ -1,4 +1,4 @@
-"""Sampler settings: temperature / top-k / top-p, classifier-free guidance, Gumbel noise by (seed, slot)."""
+"""Sampler settings: temperature / top-k / top-p / min-p, classifier-free guidance, Gumbel noise by (seed, slot)."""
 from __future__ import annotations
 
 import hashlib
@@ -21,9 +21,10 @@ class SamplerSettings:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # keep codes whose prompted (conditional) probability is >= min_p x the top code's
 
     def __post_init__(self):
-        for name in ("cfg", "temperature", "top_k", "top_p"):
+        for name in ("cfg", "temperature", "top_k", "top_p", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise SSDError(f"{name} must be a number, got {str(value)[:40]!r}")
@@ -35,18 +36,39 @@ class SamplerSettings:
             raise SSDError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k}")
         if not (0 < self.top_p <= 1):
             raise SSDError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not (0 <= self.min_p < 1):
+            raise SSDError(f"min_p must be in [0, 1) (0 = off; 0.01 keeps codes the prompt gives at least 1% of "
+                           f"its most likely code's probability), got {self.min_p}")
 
     @property
     def guided(self) -> bool:
         return self.cfg != 1.0
 
 
-def guide(logits: torch.Tensor, cfg: float) -> torch.Tensor:
-    """[B, ..., V] per-stream logits -> [..., V] guided logits u + s (c - u) (B = 1: unchanged)."""
-    if logits.shape[0] == 1:
-        return logits[0]
-    cond, uncond = logits[0], logits[1]
-    return uncond + cfg * (cond - uncond)
+SAMPLER_DEFAULTS = {"cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+def settings_from(defaults: dict, seed: int = 0, **given) -> SamplerSettings:
+    """Sampler settings from a model's defaults (model.defaults) and the values given (None: the default)."""
+    v = {k: given[k] if given.get(k) is not None else defaults.get(k, fallback)
+         for k, fallback in SAMPLER_DEFAULTS.items()}
+    return SamplerSettings(seed=int(seed), cfg=float(v["cfg"]), temperature=float(v["temperature"]),
+                           top_k=v["top_k"], top_p=float(v["top_p"]), min_p=float(v["min_p"]))
+
+
+def guide(logits: torch.Tensor, cfg: float, min_p: float = 0.0) -> torch.Tensor:
+    """[B, ..., V] per-stream logits -> [..., V] guided logits u + s (c - u) (B = 1: unchanged).
+
+    min_p > 0: codes whose conditional probability is below min_p x the conditional top code's get -inf, so
+    that guidance only re-ranks codes the prompted model itself finds plausible (without guidance: min-p
+    sampling). Strong guidance otherwise lifts codes the model gives almost nothing, and in a raster image one
+    such code is copied down the rows below (the reference model's seam and stripe artifact)."""
+    cond = logits[0]
+    guided = cond if logits.shape[0] == 1 else logits[1] + cfg * (cond - logits[1])
+    if min_p > 0:  # p_cond(v) / max p_cond = exp(c_v - max c): the normaliser cancels
+        floor = cond.amax(-1, keepdim=True).float() + math.log(min_p)
+        guided = guided.masked_fill(cond.float() < floor, NEG_INF)
+    return guided
 
 
 def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor | None = None,
@@ -58,7 +80,7 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     `positions`, `raw` (the per-stream logits [B, n, V] before guidance) and `source` ("model" or "heads")
     only shape that message.
     """
-    if check and not bool(logits.sum().isfinite()):  # one reduction; the slots are found only when wrong
+    if check and not bool(all_rows_finite(logits)):  # one reduction; the slots are found only when wrong
         check_finite(logits, s, positions, raw, source)
     if s.temperature < GREEDY_BELOW:
         out = torch.full_like(logits, NEG_INF)
@@ -82,10 +104,16 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     return x.log_softmax(-1)
 
 
+def all_rows_finite(logits: torch.Tensor) -> torch.Tensor:
+    """0-d bool: every row of logits [..., V] has a finite maximum (no NaN, no +inf, not all -inf); -inf
+    entries are codes taken out of the support (min-p)."""
+    return logits.amax(-1).isfinite().all()
+
+
 def check_finite(logits: torch.Tensor, s: SamplerSettings, positions=None, raw=None, source: str = "model") -> None:
-    """Raise SSDError naming the rows of logits [n, V] that hold NaN / infinite values (none: return)."""
-    bad = ~torch.isfinite(logits).all(-1)
-    if bad.any():  # (a sum of huge finite logits can overflow alone)
+    """Raise SSDError naming the rows of logits [n, V] that hold NaN / +inf or no finite value (none: return)."""
+    bad = ~logits.amax(-1).isfinite()
+    if bad.any():
         raise SSDError(not_finite_message(bad, s, positions, raw, source))
 
 
@@ -132,7 +160,7 @@ def sample_logits(logits: torch.Tensor, s: SamplerSettings, generator: torch.Gen
     Guidance when the settings ask for it (else the conditional stream alone), then temperature / top-k /
     top-p, then one draw per row.
     """
-    guided = guide(logits, s.cfg) if s.guided else logits[0]
+    guided = guide(logits if s.guided else logits[:1], s.cfg, s.min_p)
     return draw(log_probs(guided, s, raw=logits), generator)
 
 

@@ -76,7 +76,7 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
     return Trace(decoder, (H, W), codes[cells].view(H, W), status[cells].view(H, W),
                  step_of[cells].view(H, W), round_of[cells].view(H, W), run.steps,
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
-                           "top_p": s.top_p, **params},
+                           "top_p": s.top_p, "min_p": s.min_p, **params},
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
                  peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(check_rows(run)))
 

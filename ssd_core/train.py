@@ -18,7 +18,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
 from .errors import SSDError
 from .heads import DraftHeads
-from .sampling import SamplerSettings, guide, sample_logits
+from .sampling import SamplerSettings, guide, sample_logits, settings_from
 from .session import Layout, stack_prompts
 
 
@@ -307,8 +307,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     torch.manual_seed(cfg.seed + accel.process_index)
     rng = random.Random(cfg.seed * 1000 + accel.process_index)
     d = getattr(model, "defaults", {})
-    settings = settings or SamplerSettings(cfg.seed, d.get("cfg", 1.0), d.get("temperature", 1.0),
-                                           d.get("top_k", 0), d.get("top_p", 1.0))
+    settings = settings or settings_from(d, cfg.seed)
     layout = model.layout(None)
     t0 = time.time()
     prompts, codes = (list(grid_prompts), grids) if grids is not None else ([], torch.zeros(0, layout.num_slots).long())
@@ -318,9 +317,8 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
         sampled = sample_prompts(model, share, rng)
         log(f"generating {share} grids with the base model (process {accel.process_index})")
         prompts += sampled
-        codes = torch.cat([codes, generate_grids(model, sampled, SamplerSettings(
-            settings.seed + accel.process_index, settings.cfg, settings.temperature, settings.top_k, settings.top_p),
-            layout, cfg.gen_batch, log)])
+        own = replace(settings, seed=settings.seed + accel.process_index)
+        codes = torch.cat([codes, generate_grids(model, sampled, own, layout, cfg.gen_batch, log)])
     t_gen = time.time() - t0
     if heldout_grids is None:
         n_held = max(1, min(cfg.heldout, len(prompts) - 1))

@@ -147,6 +147,7 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("bad extra grid", _spec(grids=[[3, 3], [20, 20]]), ["20x20", "smaller grid in ssd_model.json"]),
     ("bad default cfg", _spec(default_cfg=-3), ["default_* sampler value", "cfg must be"]),
     ("default top_p a string", _spec(default_top_p="high"), ["default_*", "top_p"]),
+    ("default min_p of 1", _spec(default_min_p=1.0), ["default_* sampler value", "min_p must be in [0, 1)"]),
     ("family of another kind", _spec(family="janus-ish"), ["unknown model family"]),
     ("vq_decoder outside the folder", _spec(vq_decoder="../outside/vq.safetensors"),
      ["lies outside the model folder", "relative to it"]),
@@ -218,7 +219,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70)
                         st.sampled_from(["../x", "/etc/passwd", "vq.safetensors", "", ".", "sub/../vq.safetensors"]))
 SPEC_KEYS = ["grid", "grids", "image_token_start", "image_vocab_size", "row_end_token", "num_classes",
              "class_token_start", "null_class_token", "class_names", "vq_decoder", "default_cfg",
-             "default_temperature", "default_top_k", "default_top_p"]
+             "default_temperature", "default_top_k", "default_top_p", "default_min_p"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -246,11 +247,12 @@ def test_any_ssd_model_json_loads_or_says_why(base, tmp_path_factory, changes):
 
 @settings(max_examples=200, deadline=None)
 @given(cfg=st.floats(allow_nan=True, allow_infinity=True), temperature=st.one_of(st.floats(-2, 1e6), st.just(math.nan)),
-       top_k=st.integers(-5, 40), top_p=st.floats(allow_nan=True, allow_infinity=True))
-def test_any_sampler_values_work_or_say_why(cfg, temperature, top_k, top_p):
+       top_k=st.integers(-5, 40), top_p=st.floats(allow_nan=True, allow_infinity=True),
+       min_p=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1)))
+def test_any_sampler_values_work_or_say_why(cfg, temperature, top_k, top_p, min_p):
     """Settings are refused with one line, or give a proper distribution (or the guidance-overflow line)."""
     try:
-        s = SamplerSettings(0, cfg, temperature, top_k, top_p)
+        s = SamplerSettings(0, cfg, temperature, top_k, top_p, min_p)
     except SSDError as err:
         one_line(err)
         return
@@ -259,7 +261,7 @@ def test_any_sampler_values_work_or_say_why(cfg, temperature, top_k, top_p):
     from ssd_core.sampling import guide
 
     try:
-        logp = log_probs(guide(raw, s.cfg), s, raw=raw)
+        logp = log_probs(guide(raw, s.cfg, s.min_p), s, raw=raw)
     except SSDError as err:
         assert "classifier-free guidance with cfg" in one_line(err) and "smaller cfg" in str(err)
         return
@@ -403,6 +405,7 @@ CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
     ("device cuda", "generate --model {model} --device cuda", ["torch sees no CUDA GPU", "use device cpu"]),
     ("device cuda:7", "generate --model {model} --device cuda:7", ["cuda:7"]),
     ("top_p 0", "generate --model {model} --top-p 0", ["top_p must be in (0, 1]"]),
+    ("min_p 1", "generate --model {model} --min-p 1", ["min_p must be in [0, 1)", "0 = off"]),
     ("cfg negative", "generate --model {model} --cfg -2", ["cfg must be a number >= 0"]),
     ("seed not a number", "generate --model {model} --seed abc", ["--seed", "invalid int value"]),
     ("decoder unknown", "generate --model {model} --decoder medusa", ["--decoder", "invalid choice"]),
@@ -521,6 +524,8 @@ NODE_CASES = [
     (dict(top_k=-3), ["top_k -3 is negative"]),
     (dict(top_p=-0.25), ["top_p -0.25 is negative"]),
     (dict(top_p=0.0), ["top_p must be in (0, 1]"]),
+    (dict(min_p=-0.5), ["min_p -0.5 is negative"]),
+    (dict(min_p=1.5), ["min_p must be in [0, 1)"]),
     (dict(negative_prompt="blurry"), ["takes no negative prompt"]),
     (dict(decoder="medusa"), ["unknown decoder 'medusa'"]),
     (dict(grid="huge"), ["grid 'huge' is not understood"]),
@@ -541,10 +546,11 @@ def test_node_input_errors(pack, kw, words):
 
 
 def test_node_minus_one_means_the_model_default(pack):
-    out = node_sample(pack, cfg=-1, temperature=-1, top_k=-1, top_p=-1)
+    out = node_sample(pack, cfg=-1, temperature=-1, top_k=-1, top_p=-1, min_p=-1)
     settings = out["result"][1]["settings"]
     d = pack["model"].model.defaults
     assert settings["cfg"] == d["cfg"] and settings["top_k"] == d["top_k"] and math.isclose(settings["top_p"], d["top_p"])
+    assert settings["min_p"] == d["min_p"]
 
 
 def test_node_class_names_empty_behaves_like_the_cli(pack):

@@ -108,7 +108,7 @@ def test_hover_shows_step_and_round(browser_run):
 def test_the_widget_adds_no_widget_value_and_survives_a_reload(browser_run):
     after = browser_run["after"]["4"]
     assert after["saved"], "the final trace is kept in node.properties"
-    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 13  # 12 inputs with a widget + control_after_generate
+    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 14  # 13 inputs with a widget + control_after_generate
     again = browser_run["reloaded"]["4"]
     assert again["widget"] and again["done"] and again["grid"] == after["grid"]
     assert again["pixels"]["accepted"] > 50

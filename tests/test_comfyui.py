@@ -242,7 +242,7 @@ def test_object_info_lists_the_nodes(server):
     req = s["input"]["required"]
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
-    assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size"]
+    assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size", "min_p"]
     assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"] and req["decoder"][1]["default"] == "ssd-exact"
     grids = req["grid"][0]
     assert grids[0] == "auto" and SMALL_GRID in grids and "24x24 (384x384 px, 1:1) janus" in grids

@@ -16,11 +16,14 @@ def model_and_heads(request, tmp_path_factory):
     return model, heads
 
 
-SETTINGS = [dict(temperature=t, top_k=k, top_p=p, cfg=c)
+SETTINGS = [dict(temperature=t, top_k=k, top_p=p, cfg=c, min_p=0.0)
             for t, (k, p), c in itertools.product([0.0, 1.0], [(0, 1.0), (5, 1.0), (0, 0.8)], [1.0, 3.0])]
+SETTINGS += [dict(temperature=1.0, top_k=0, top_p=1.0, cfg=3.0, min_p=0.05),  # min-p under guidance
+             dict(temperature=1.0, top_k=5, top_p=1.0, cfg=1.0, min_p=0.2)]   # and as plain min-p sampling
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}-cfg{cfg}".format(**s))
+@pytest.mark.parametrize("settings", SETTINGS,
+                         ids=lambda s: "T{temperature}-k{top_k}-p{top_p}-cfg{cfg}-minp{min_p}".format(**s))
 def test_exact_matches_ar(model_and_heads, settings):
     model, heads = model_and_heads
     seed = SETTINGS.index(settings)

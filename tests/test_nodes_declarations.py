@@ -38,7 +38,9 @@ def test_node_mappings_and_inputs():
     req = m["SSDSampler"].INPUT_TYPES()["required"]
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
-    assert list(m["SSDSampler"].INPUT_TYPES()["optional"]) == ["negative_prompt", "batch_size"]
+    opt = m["SSDSampler"].INPUT_TYPES()["optional"]
+    assert list(opt) == ["negative_prompt", "batch_size", "min_p"]  # new widgets go last: saved workflows keep theirs
+    assert opt["min_p"][1]["default"] == -1 and opt["min_p"][1]["max"] < 1  # -1 = the model's; the engine refuses 1
     assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True

@@ -69,12 +69,13 @@ def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
     run(ref, prompt="heart", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
-    run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0, grid=SMALL)
+    run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0,
+        grid=SMALL, min_p=0.05)
     a, b = seen
     assert a["prompt"] == 1 and b["prompt"] == 1
-    assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"]) == (None, None, None, None)
+    assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"], a["min_p"]) == (None,) * 5
     assert a["grid"] == b["grid"] == (12, 12)
-    assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"]) == (2.5, 0.0, 5, 0.9)
+    assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (2.5, 0.0, 5, 0.9, 0.05)
     assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
     assert callable(a["on_step"]) and callable(a["should_cancel"])
     big = run(ref, decoder="ar", grid="4x4", seed=0xFFFFFFFFFFFFFFFF)  # the widget's largest seed

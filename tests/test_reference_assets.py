@@ -11,7 +11,7 @@ HELDOUT = os.path.join(REF, "heldout_tokens.safetensors")
 
 KEYS = {"family", "grid", "image_token_start", "image_vocab_size", "row_end_token", "num_classes",
         "class_token_start", "null_class_token", "vq_decoder", "class_names", "default_cfg",
-        "default_temperature", "default_top_k"}
+        "default_temperature", "default_top_k", "default_min_p"}
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ import sys, time
 
 import ssd_core
 from ssd_core import train
-from ssd_core.sampling import SamplerSettings
+from ssd_core.sampling import settings_from
 
 m = ssd_core.load_model("reference"); lay = m.layout(None); d = m.defaults
-s = SamplerSettings(3, d["cfg"], d["temperature"], d["top_k"], d["top_p"])
+s = settings_from(d, 3)
 prompts = [i % 11 for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 32)]
 codes = {}
 for name, sample in (("dynamic cache", train._sample_grids), ("static cache (train-heads)", train.generate_grids)):

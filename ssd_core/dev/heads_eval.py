@@ -2,10 +2,10 @@
 refined: python -m ssd_core.dev.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
 import json, sys, torch, ssd_core
 from ssd_core.acceptance import heads_acceptance
-from ssd_core.sampling import SamplerSettings
+from ssd_core.sampling import settings_from
 from ssd_core.train import read_grids, collect_features, stale_features
 m = ssd_core.load_model('reference'); d = m.defaults
-s = SamplerSettings(0, d['cfg'], d['temperature'], d['top_k'], d['top_p']); lay = m.layout(None)
+s = settings_from(d); lay = m.layout(None)
 prompts, codes = read_grids(sys.argv[1], m)
 h, ids = collect_features(m, prompts, codes, s, lay, 32)
 hs = stale_features(m, prompts, h, ids, s, lay, 0.2, 32, 1)[0]

@@ -15,11 +15,11 @@ from torch.nn import functional as F
 
 import ssd_core
 from ssd_core.acceptance import guided_logp, overlap
-from ssd_core.sampling import SamplerSettings, guide
+from ssd_core.sampling import guide, settings_from
 from ssd_core.train import read_grids, collect_features
 torch.manual_seed(0)
 m = ssd_core.load_model('reference'); d = m.defaults
-s = SamplerSettings(0, d['cfg'], d['temperature'], d['top_k'], d['top_p']); lay = m.layout(None)
+s = settings_from(d); lay = m.layout(None)
 H, W = lay.grid; cells = lay.slot_of_cell.view(H, W)
 print("stride", lay.row_stride, "L", lay.num_slots, flush=True)
 GRIDS, HELD = sys.argv[1], sys.argv[2]

@@ -81,7 +81,7 @@ class Emu3Model(TextGridModel):
         self.max_positions = int(getattr(tc, "max_position_embeddings", 9216))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else self.largest_square(UPSTREAM_SIDE)
         self.pixel_norm = hub.pixel_normalization(folder)
-        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
+        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):

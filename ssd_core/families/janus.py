@@ -55,7 +55,7 @@ class JanusModel(TextGridModel):
                            "(generation_config.json: bos_token_id, pad_token_id, generation_kwargs.boi_token_id)")
         self.boi_id = int(boi)
         self.pixel_norm = hub.pixel_normalization(folder)
-        self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):

@@ -53,7 +53,7 @@ def read_spec(folder: Path, vocab: int | None = None) -> dict:
                        f"names, or [] / left out (classes are then named by their index); {SEE}")
     try:
         SamplerSettings(0, spec.get("default_cfg", 3.0), spec.get("default_temperature", 1.0),
-                        spec.get("default_top_k", 0), spec.get("default_top_p", 1.0))
+                        spec.get("default_top_k", 0), spec.get("default_top_p", 1.0), spec.get("default_min_p", 0.0))
     except SSDError as err:
         raise SSDError(f"{path}: a default_* sampler value is out of range ({err}); {SEE}") from None
     vq = spec.get("vq_decoder")
@@ -165,7 +165,8 @@ class LlamaGridModel(GridModel):
         self.defaults = {"cfg": float(spec.get("default_cfg", 3.0)),
                          "temperature": float(spec.get("default_temperature", 1.0)),
                          "top_k": int(spec.get("default_top_k", 0)),
-                         "top_p": float(spec.get("default_top_p", 1.0))}
+                         "top_p": float(spec.get("default_top_p", 1.0)),
+                         "min_p": float(spec.get("default_min_p", 0.0))}
         check_token_ids(spec, model.get_input_embeddings().num_embeddings, "ssd_model.json")
         for grid in self.grid_options():
             self._fits(grid, "set a smaller grid in ssd_model.json, or a larger max_position_embeddings in config.json")

@@ -91,7 +91,7 @@ class LuminaModel(TextGridModel):
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else \
             self.largest_square(UPSTREAM_SIDE, step=2, smallest=2)  # even sides: size tokens count 2 cells
-        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
+        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0, "min_p": 0.0}
         self._vqgan_path = find_vqgan(str(folder) if folder else None, vqgan if isinstance(vqgan, str) else None)
         self._vqgan = vqgan if isinstance(vqgan, VQGANDecoder) else None
 
