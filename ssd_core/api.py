@@ -100,7 +100,8 @@ def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = 
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, min_p: float | None = None, draft_rows: int | None = None,
              verify_rounds: int | None = None, window: int | None = None, stable_first_row: int | None = None,
-             adaptive_percent: int | None = None, grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
+             adaptive_percent: int | None = None, grid=None, on_step=None, should_cancel=None,
+             decode_pixels: bool = True, score: bool = True) -> Result:
     """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
     None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
     return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
@@ -117,8 +118,9 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
                    negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                    min_p: float | None = None, draft_rows: int | None = 0, verify_rounds: int | None = None,
-                   window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None, grid=None, on_step=None,
-                   should_cancel=None, decode_pixels: bool = True, score: bool = True) -> list[Result]:
+                   window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
+                   grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True,
+                   score: bool = True) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
     The images are `prompts` x `seeds` paired in order; a single `prompt` is repeated and a missing `seeds`

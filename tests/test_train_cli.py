@@ -57,19 +57,22 @@ def test_cli_generate_bench_and_errors(tmp_path):
     model = ssd_core.load_model(folder)
     heads = make_heads(model, tmp_path / "h.safetensors")
     out = _cli("generate", "--model", folder, "--heads", heads, "--decoder", "ssd", "--seed", 3, "--class", 1,
-               "--cfg", 2, "--temperature", 1, "--top-k", 8, "--top-p", 0.9, "--draft-rows", 2, "--verify-rounds", 1,
+               "--cfg", 2, "--temperature", 1, "--top-k", 8, "--top-p", 0.9, "--min-p", 0.05, "--draft-rows", 2,
+               "--verify-rounds", 1,
                "--trace", tmp_path / "t.json", "--status-image", tmp_path / "s.png", "--out", tmp_path / "img.png")
     assert out.returncode == 0, out.stderr
     trace = json.loads((tmp_path / "t.json").read_text())
     assert trace["decoder"] == "ssd" and trace["grid"] == [5, 5] and len(trace["tokens"]) == 5
     assert trace["settings"]["top_k"] == 8 and trace["settings"]["verify_rounds"] == 1
+    assert trace["settings"]["min_p"] == 0.05
     assert (tmp_path / "s.png").stat().st_size > 0
     assert "no pixel decoder" in out.stdout  # vq_decoder null: tokens only
     out = _cli("bench", "--model", folder, "--heads", heads, "--decoders", "ar,ssd,ssd-exact,sjd,zipar",
-               "--images", 3, "--verify-rounds", 2, "--json", tmp_path / "b.json", "--batch", 2)
+               "--images", 3, "--verify-rounds", 2, "--min-p", 0.02, "--json", tmp_path / "b.json", "--batch", 2)
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     rows = {r["decoder"]: r for r in report["rows"]}
+    assert report["settings"]["min_p"] == 0.02
     batch = report["batch"]  # images/s in batches of 2 (a batch of 2, then of 1) vs one at a time
     assert batch["n"] == 2 and set(batch["images_per_s"]) == set(batch["single_images_per_s"]) == set(rows)
     assert all(v > 0 for v in batch["images_per_s"].values())
