@@ -100,14 +100,15 @@ def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = 
              cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, min_p: float | None = None, draft_rows: int | None = None,
              verify_rounds: int | None = None, window: int | None = None, stable_first_row: int | None = None,
-             adaptive_percent: int | None = None, grid=None, on_step=None, should_cancel=None,
-             decode_pixels: bool = True, score: bool = True) -> Result:
+             adaptive_percent: int | None = None, repair: int | None = None, grid=None, on_step=None,
+             should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
     """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
     None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
     return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
                           decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, draft_rows=draft_rows, verify_rounds=verify_rounds, window=window,
-                          stable_first_row=stable_first_row, adaptive_percent=adaptive_percent, grid=grid,
+                          stable_first_row=stable_first_row, adaptive_percent=adaptive_percent, repair=repair,
+                          grid=grid,
                           on_step=on_step, should_cancel=should_cancel, decode_pixels=decode_pixels, score=score)[0]
 
 
@@ -119,7 +120,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
                    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                    min_p: float | None = None, draft_rows: int | None = 0, verify_rounds: int | None = None,
                    window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
-                   grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True,
+                   repair: int | None = None, grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True,
                    score: bool = True) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
@@ -141,7 +142,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     d = getattr(model, "defaults", {})
     settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
                 for s in seeds]
-    policies = [make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent)
+    policies = [make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent, repair)
                 for _ in range(n)]
     check_negative_prompt(model, negative_prompt)
     layout = model.layout(grid)

@@ -40,6 +40,7 @@ class BenchOptions:
     ssd_first_row: tuple[int, ...] = ()  # ssd rows for these stable_first_row values (else the default)
     plot: str | None = None  # PNG: steps ratio against the nll_full gap (and class accuracy), one point a row
     window: int | None = None
+    repair: int | None = None  # ssd's repair of committed tokens (None: on, the decoder's default)
     grid: tuple[int, int] | None = None
     verify_cost: bool = False  # also time one verify forward per window length
     out_dir: str | None = None  # sample and status PNGs
@@ -98,7 +99,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
             r = generate(model, drafter, prompt=prompt,
                          negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
                          temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
-                         draft_rows=o.draft_rows, window=o.window, **params,
+                         draft_rows=o.draft_rows, window=o.window, repair=o.repair, **params,
                          grid=o.grid, decode_pixels=out_dir is not None or stick is not None,
                          on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
             results[label].append(r)
@@ -193,7 +194,8 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
             chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
                                    seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
                                    cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                                   min_p=o.min_p, draft_rows=o.draft_rows, window=o.window, grid=o.grid, **params,
+                                   min_p=o.min_p, draft_rows=o.draft_rows, window=o.window, repair=o.repair,
+                                   grid=o.grid, **params,
                                    decode_pixels=False, score=False)
             wall += max(r.trace.timings["wall"] for r in chunk)  # the batch's wall: its last image's
             results += chunk

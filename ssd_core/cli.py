@@ -172,7 +172,7 @@ def cmd_generate(args) -> int:
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, min_p=args.min_p, draft_rows=args.draft_rows,
                       verify_rounds=args.verify_rounds, window=args.window, stable_first_row=args.stable_first_row,
-                      adaptive_percent=args.adaptive_percent, grid=args.grid)
+                      adaptive_percent=args.adaptive_percent, repair=args.repair, grid=args.grid)
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
@@ -223,7 +223,7 @@ def cmd_bench(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         draft_rows=args.draft_rows,
         verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
-        window=args.window, grid=args.grid, ssd_rounds=args.ssd_rounds,
+        window=args.window, repair=args.repair, grid=args.grid, ssd_rounds=args.ssd_rounds,
         ssd_adaptive=tuple(int(a) for a in args.ssd_adaptive.split(",")) if args.ssd_adaptive else (),
         ssd_first_row=tuple(int(f) for f in args.ssd_first_row.split(",")) if args.ssd_first_row else
         ((args.stable_first_row,) if args.stable_first_row is not None else ()),

@@ -406,6 +406,7 @@ CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
     ("device cuda:7", "generate --model {model} --device cuda:7", ["cuda:7"]),
     ("top_p 0", "generate --model {model} --top-p 0", ["top_p must be in (0, 1]"]),
     ("min_p 1", "generate --model {model} --min-p 1", ["min_p must be in [0, 1)", "0 = off"]),
+    ("repair 2", "generate --model {model} --decoder ssd --repair 2", ["--repair must be a whole number from 0 to 1"]),
     ("cfg negative", "generate --model {model} --cfg -2", ["cfg must be a number >= 0"]),
     ("seed not a number", "generate --model {model} --seed abc", ["--seed", "invalid int value"]),
     ("decoder unknown", "generate --model {model} --decoder medusa", ["--decoder", "invalid choice"]),

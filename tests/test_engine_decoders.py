@@ -17,8 +17,8 @@ def tiny(tmp_path_factory):
     return tiny_model_and_heads(tmp_path_factory.mktemp("m") / "model", grid=(6, 5))
 
 
-def _run(model, heads, decoder, seed=0, cfg=2.0, grid=None, **policy):
-    settings = SamplerSettings(seed=seed, cfg=cfg, temperature=1.0)
+def _run(model, heads, decoder, seed=0, cfg=2.0, grid=None, top_k=0, **policy):
+    settings = SamplerSettings(seed=seed, cfg=cfg, temperature=1.0, top_k=top_k)
     layout = model.layout(grid)
     prompt = model.build_prompt(1, "", settings.guided, layout.grid)
     return decode(model, heads, prompt, layout, settings, make_policy(decoder, **policy), decoder, score=False)
@@ -87,7 +87,7 @@ def test_ssd_finalizes_every_cell_once_and_bounds_steps(tiny):
                         assert seen.setdefault((y, x), (tok, st)) == (tok, st), "a final cell changed"
 
         r = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=rounds, verify_rounds=rounds,
-                              on_step=on_step, score=False)
+                              on_step=on_step, score=False, repair=0)  # the paper's rule: final is final
         assert len(seen) == H * W
         counts = r.trace.counts
         assert counts["accepted"] + counts["corrected"] + counts["ar"] == H * W
@@ -171,6 +171,29 @@ def test_top_k_fidelity_figures(tiny):
         tr = ssd_core.generate(model, heads, prompt=1, decoder=decoder, seed=2, top_k=3, verify_rounds=0).trace
         assert math.isfinite(tr.nll_full)
         assert (tr.out_of_support > 0) == math.isinf(tr.nll)
+
+
+def test_ssd_repair_redraws_committed_tokens_their_final_context_rules_out(tiny):
+    """repair (the default) takes the lossy tokens outside the top-k set of their final context out, in the
+    forwards that happen anyway: the same steps, fewer such tokens, a cache equal to a fresh forward; only
+    the last block, never fed again, can keep one."""
+    model, heads = tiny
+    H, W = model.default_grid
+    fewer = 0
+    for seed in range(6):
+        off = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, top_k=3, verify_rounds=0, repair=0)
+        on = ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=seed, top_k=3, verify_rounds=0)
+        assert on.trace.settings["repair"] == 1 and off.trace.settings["repair"] == 0
+        assert on.trace.steps == off.trace.steps and math.isfinite(on.trace.nll_full)
+        assert on.trace.out_of_support <= off.trace.out_of_support
+        fewer += on.trace.out_of_support < off.trace.out_of_support
+        assert round(on.trace.out_of_support * H * W) <= W  # what is left sits at the end (the last block is never fed again)
+    assert fewer >= 3  # the tiny model writes such tokens without repair, so the test can fail
+    run, _ = _run(model, heads, "ssd", seed=4, top_k=3, verify_rounds=0)  # repairs re-feed: the cache stays right
+    fresh = model.start(model.build_prompt(1, "", True, model.default_grid))
+    fresh.forward(run.ids.clone())
+    for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):
+        assert (k1 - k2).abs().max() <= 1e-4 and (v1 - v2).abs().max() <= 1e-4
 
 
 def test_layout_row_end_positions():

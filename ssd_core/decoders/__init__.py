@@ -42,8 +42,11 @@ STABLE_FIRST_ROW = Param(0, 2, 2, "ssd: decode the first row by ssd-exact's rule
                          "block until a round changes nothing (1, the paper); or like the others (0)")
 ADAPTIVE_PERCENT = Param(0, 100, 0, "ssd: end a block's verification once a round corrects at most this percent "
                          "of its cells (0 = off; verify_rounds stays the cap)")
+REPAIR = Param(0, 1, 1, "ssd: a committed token outside the top-k / min-p set of its final context is redrawn "
+               "from it when the next forward feeds it (1: no extra steps; 0 = the paper's rule)")
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,
-          "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT}  # every decoder parameter
+          "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT,
+          "repair": REPAIR}  # every decoder parameter
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DecoderSpec:
 
 DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
-    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent"),
+    "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent", "repair"),
                        {"draft_rows": 1}),
     # 3 rows: fewest steps with and without heads on the bundled model (README, "Exact speed-up without heads";
     # with heads, 1-5 rows on 3 images: median 168 / 129 / 119 / 128 / 116 steps)
@@ -96,11 +99,12 @@ def without_heads() -> str:
 
 
 def make_policy(name: str, draft_rows: int | None = None, verify_rounds: int | None = None,
-                window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None):
+                window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
+                repair: int | None = None):
     """The policy of decoder `name`; every parameter is checked against its limits, used or not; None takes
     the decoder's own default, else the parameter's."""
     given = {"draft_rows": draft_rows, "verify_rounds": verify_rounds, "window": window,
-             "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent}
+             "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent, "repair": repair}
     chosen = spec(name)
     for key, value in given.items():
         if value is not None:

@@ -8,6 +8,8 @@ prefix acceptance: the row `ar` draws for the seed, its Hh chain re-drafted from
 `reanchor_row`), then the blocks below as above; 1 (the paper's) verifies the first block until a round
 changes nothing (capped at one round per cell of a row). `adaptive_percent` > 0 ends the other blocks'
 verification once a round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
+`repair` 1 (the default, beyond the paper): a committed token that its final context rules out (outside top-k /
+min-p) is redrawn when the next forward feeds it (`repair_committed`).
 """
 import torch
 
@@ -24,11 +26,11 @@ class SSDPolicy(Policy):
     uses_heads = True
 
     def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 2,
-                 adaptive_percent: int = 0):
+                 adaptive_percent: int = 0, repair: int = 1):
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
-        self.stable_first_row, self.adaptive_percent = stable_first_row, adaptive_percent
+        self.stable_first_row, self.adaptive_percent, self.repair = stable_first_row, adaptive_percent, repair
         self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds,
-                       "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent}
+                       "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent, "repair": repair}
 
     def block_done(self, run: Run, first_slot: int, n: int, corrected: torch.Tensor):
         """Whether the block of n open slots from `first_slot` is final after this round (`corrected` [0-d]
@@ -45,6 +47,8 @@ class SSDPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         stride = run.layout.row_stride
+        if self.repair and run.start < run.first_open:
+            self.repair_committed(run, logits)
         if self.stable_first_row == 2 and run.first_open < stride:  # the first row as ar draws it
             verify_exactly(run, logits, stop=stride)
             if run.first_open < stride:
@@ -74,6 +78,23 @@ class SSDPolicy(Policy):
         if run.first_open >= run.end and run.end < run.L:
             self.rounds = 0
             draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
+
+    @staticmethod
+    def repair_committed(run: Run, logits) -> None:
+        """Committed (final) slots fed again in this forward, [start, first_open): the tokens after the first
+        correction of their block's last round, whose context changed after they were accepted. A token now
+        outside the processed p of its final context (top-k / min-p) is redrawn from that p. The kept prefix
+        then ends at it, so the next forward feeds it again and checks the tokens after it in their new
+        context; the first token repaired is exact for its context and stays, so this ends. No extra steps:
+        these slots ride in the forward that verifies the next block (the last block is not re-fed)."""
+        a, b = run.rank[run.start], run.rank[min(run.first_open, run.end)]
+        if b <= a:
+            return
+        slots = run.image_ids[a:b]
+        p = run.logp(logits[:, slots - run.start], slots).exp()  # [n, V] each token's final-context p
+        tok = run.codes[slots]
+        outside = p.gather(1, tok[:, None]).squeeze(1) <= 0
+        run.set_tokens(slots, torch.where(outside, run.sample_probs(p), tok), draft=False)
 
     @staticmethod
     def _pick(run: Run):
