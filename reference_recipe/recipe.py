@@ -26,7 +26,7 @@ from . import data as D
 from .common import SEED, log
 from .ar import (AR2_COPIES, AR2_STEPS, AR_COOL_LR, AR_COOL_STEPS, AR_STEPS, AR_STOP, eval_ar,
                  layout, train_ar, train_ar_v2)
-from .score import load_model_dir, sample_sheet, score_model, write_heldout_file
+from .score import decode_uint8, load_model_dir, sample_sheet, score_model, write_heldout_file
 from .vq import eval_vq, load_vq, tokenize, train_vq
 from .yardstick_train import YARDSTICK_STEPS, train_yardstick
 
@@ -119,7 +119,7 @@ def run_recipe(out: str, quick: bool = False, vq_steps: int | None = None, copie
     tok2 = {k: (v.long() if "tokens" in k else v) for k, v in tok2.items()}
     n_train = int((~ds2["heldout"]).sum())  # the first n_train grids: the training glyphs as rendered
     with torch.no_grad():
-        recs = (vq.decode(tok2["train_tokens"][:n_train]).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+        recs = decode_uint8(vq, tok2["train_tokens"][:n_train])
     figures["yardstick"] = train_yardstick(ds2, vq, os.path.join(out, "yardstick.safetensors"), data_version=2,
                                            steps=20 if quick else YARDSTICK_STEPS, recs=recs)
     figures["stage5_minutes"] = (time.time() - t5) / 60

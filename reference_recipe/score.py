@@ -66,22 +66,37 @@ def sample_sheet(model_dir: str, png: str, per_class: int = 2, cfg: float | None
     grids = sample_grids(model, meta, cls, cfg=cfg, temperature=temperature, top_k=top_k, seed=seed, min_p=min_p)
     log(f"sampled {len(cls)} grids in {time.time() - t0:.1f}s (cfg {cfg}, top_k {top_k}, T {temperature}, "
         f"min_p {min_p})")
-    imgs = (vq.decode(grids).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    imgs = decode_uint8(vq, grids)
     D.contact_sheet(imgs, cols=per_class * 4).save(png)
     log(f"wrote {png}: rows of 4 classes x {per_class}: {[meta['class_names'][c] for c in classes]}")
     return grids
 
 
+def decode_uint8(vq, grids: torch.Tensor) -> np.ndarray:
+    """Token grids [N, H, W] -> uint8 RGB images [N, H_px, W_px, 3] through the VQ decoder."""
+    return (vq.decode(grids).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+
+
+def inked(images: np.ndarray, threshold: int = 235) -> np.ndarray:
+    """[N, H, W] bool: pixels with ink (a channel below `threshold`)."""
+    return images.astype(np.int16).min(axis=3) < threshold
+
+
+def seam_crossing(ink: np.ndarray) -> np.ndarray:
+    """[N] bool: an object drawn across the row seam (8+ pixel rows inked in both the 3 leftmost and the 3
+    rightmost columns)."""
+    return (ink[:, :, :3].any(axis=2) & ink[:, :, -3:].any(axis=2)).sum(axis=1) >= 8
+
+
 def edge_ink(images: np.ndarray, px: int = 2, threshold: int = 235) -> dict:
     """The stripe / wrap-around measure: share of images with ink in the outer `px` pixel columns
-    (left/right) and rows (top/bottom), and share with an object drawn across the row seam (8+ pixel
-    rows inked in both the 3 leftmost and the 3 rightmost columns). Real glyphs: 0, 0 and 0."""
-    ink = images.astype(np.int16).min(axis=3) < threshold
+    (left/right) and rows (top/bottom), and share with an object drawn across the row seam
+    (`seam_crossing`). Real glyphs: 0, 0 and 0."""
+    ink = inked(images, threshold)
     lr = ink[:, :, :px].any(axis=(1, 2)) | ink[:, :, -px:].any(axis=(1, 2))
     tb = ink[:, :px, :].any(axis=(1, 2)) | ink[:, -px:, :].any(axis=(1, 2))
-    seam = (ink[:, :, :3].any(axis=2) & ink[:, :, -3:].any(axis=2)).sum(axis=1) >= 8  # drawn across the row seam
     return {"left_right": round(float(lr.mean()), 4), "top_bottom": round(float(tb.mean()), 4),
-            "seam": round(float(seam.mean()), 4)}
+            "seam": round(float(seam_crossing(ink).mean()), 4)}
 
 
 def score_model(model_dir: str, images: int = 64, seeds=(0, 1), yardstick: str | None = None,
@@ -102,7 +117,7 @@ def score_model(model_dir: str, images: int = 64, seeds=(0, 1), yardstick: str |
         imgs = []
         for i in range(0, images, batch):
             g = sample_grids(model, meta, classes[i:i + batch], seed=seed * 1000 + i, **kw)
-            imgs.append((vq.decode(g).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8))
+            imgs.append(decode_uint8(vq, g))
         imgs = np.concatenate(imgs)
         row = {"seed": seed, **stick.score(imgs, classes), **edge_ink(imgs), "seconds": round(time.time() - t0)}
         out["sets"].append(row)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import numpy as np
 import torch
 
 from ssd_core.pixel_decoders.reference_vq import load_vq
 from .ar import sequences
-from .score import edge_ink, load_model_dir, sample_grids
+from .score import decode_uint8, edge_ink, inked, load_model_dir, sample_grids, seam_crossing
 
 
 @torch.no_grad()
@@ -23,16 +24,14 @@ def implausible_codes(model_dir: str, images: int = 48, seed: int = 0, cfg: floa
                       floor: float = 0.01, batch: int = 32) -> dict:
     """Share of the written codes whose conditional probability is below floor x the conditional top code's,
     per image, for the images that cross the row seam and the others."""
-    import os
     model, meta = load_model_dir(model_dir)
     vq = load_vq(os.path.join(model_dir, meta["vq_decoder"]))
     classes = [i % meta["num_classes"] for i in range(images)]
     grids = torch.cat([sample_grids(model, meta, classes[i:i + batch], cfg=cfg, top_k=meta["default_top_k"],
                                     temperature=meta["default_temperature"], seed=seed * 1000 + i, min_p=min_p)
                        for i in range(0, images, batch)])
-    imgs = (vq.decode(grids).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
-    ink = imgs.astype(np.int16).min(axis=3) < 235
-    seam = (ink[:, :, :3].any(axis=2) & ink[:, :, -3:].any(axis=2)).sum(axis=1) >= 8  # as score.edge_ink
+    imgs = decode_uint8(vq, grids)
+    seam = seam_crossing(inked(imgs))
     V = meta["image_vocab_size"]
     seq = sequences(grids, torch.tensor(classes), meta)
     low = []
