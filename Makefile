@@ -45,10 +45,11 @@ test-engine-457:
 # features stored in build/heads/ (3.4 GB); held-out acceptance logged and heads saved every 100 steps;
 # HEADS_UNTIL=HH:MM bounds it in time (features of the grids done in 60% of the time left, then a one-cycle lr
 # schedule on the rest; HEADS_STEPS stays a cap). By default Hv only (HEADS_TRAIN), reading the cell above the
-# drafted cell (HEADS_SHIFT 1), warm-started from the bundled heads (HEADS_INIT), whose Hh it keeps.
-# Run as `make -o install heads` in a ready venv. The shipped heads: `make -o install heads HEADS_UNTIL=20:10
-# HEADS_STEPS=100000` (2 threads): all 5,463 grids featurised (34 min), 2,262 steps (38 min), held-out expected
-# acceptance 0.539 (previous heads 0.462; README, "What decides acceptance").
+# drafted cell (HEADS_SHIFT 1) and the token drafted on its left (HEADS_LEFT 1: `--vertical-left`),
+# warm-started from the bundled heads (HEADS_INIT), whose Hh it keeps.
+# Run as `make -o install heads` in a ready venv. The shipped heads: `make -o install heads HEADS_UNTIL=11:50
+# HEADS_STEPS=100000` (2 threads; features of all 5,463 grids, 32 min, then 2,206 steps, 48 min), held-out
+# expected acceptance 0.708 (the previous heads 0.537; README, "What decides acceptance").
 HEADS_COPIES ?= 8
 HEADS_SAMPLES ?= 0
 HEADS_STEPS ?= 600
@@ -58,6 +59,7 @@ HEADS_INIT ?= ssd_core/reference/model/heads.safetensors
 HEADS_TRAIN ?= vertical
 HEADS_SHIFT ?= 1
 HEADS_BATCH ?= 16
+HEADS_LEFT ?= 1
 HEADS_LR ?= 1e-3
 heads: install
 	mkdir -p build/heads
@@ -67,7 +69,8 @@ heads: install
 	OMP_NUM_THREADS=$(HEADS_THREADS) $(PY) -m ssd_core train-heads --model reference \
 		--grids build/heads/data_grids.safetensors --samples $(HEADS_SAMPLES) --gen-batch 32 \
 		--heldout-grids build/heads/heldout_grids.safetensors --batch $(HEADS_BATCH) --epochs 100 --max-steps $(HEADS_STEPS) \
-		$(if $(HEADS_INIT),--init $(HEADS_INIT)) --train $(HEADS_TRAIN) --vertical-shift $(HEADS_SHIFT) --lr $(HEADS_LR) \
+		$(if $(HEADS_INIT),--init $(HEADS_INIT)) --train $(HEADS_TRAIN) --vertical-shift $(HEADS_SHIFT) \
+		$(if $(filter 1,$(HEADS_LEFT)),--vertical-left) --lr $(HEADS_LR) \
 		--checkpoint-every 100 $(if $(HEADS_UNTIL),--until $(HEADS_UNTIL)) --features build/heads/features.safetensors --out build/heads/heads.safetensors
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)

@@ -45,36 +45,35 @@ def horizontal_chain(heads, h: torch.Tensor, e: torch.Tensor, layout, depth: int
     return torch.stack(out, dim=3)
 
 
-def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns: bool = False,
-                    refine: bool = False) -> torch.Tensor:
+def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns: bool = False) -> torch.Tensor:
     """Hv on the row above: [N, S, H-1, W-1, d] the feature predicted at cell (y, x) for y >= 1, x < W-1,
     which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d]); Hv reads cell (y-1, x + shift)
-    (heads.vertical_shift, clamped to the last column).
-    refine: then one Hh step along the new row, which sees the token drafted at (y, x): Hh(Hv's feature at
-    (y, x-1) (x = 0: the feature of the slot before the row), e(token (y, x)))."""
+    (heads.vertical_shift, clamped to the last column); with heads.vertical_left also the token at (y, x), the
+    one drafted on the left of cell (y, x+1) (here the true token: teacher-forced), and cell (y-1, x + shift + 1)."""
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     S = h.shape[1]
-    cols = (torch.arange(W) + heads.vertical_shift).clamp(max=W - 1)  # the column Hv reads for each x
-    above = cells[:-1][:, cols if all_columns else cols[:-1]]  # the cell Hv reads for each (y, x)
-    pv = heads.vertical(h[:, :, above + 1], e[:, None, above].expand(-1, S, -1, -1, -1))
-    if not refine:
-        return pv
-    n = pv.shape[3]
-    prev = torch.cat([h[:, :, cells[1:, 0]][:, :, :, None], pv[:, :, :, :n - 1]], dim=3)  # features before (y, x)
-    return heads.horizontal(prev, e[:, None, cells[1:, :n]].expand(-1, S, -1, -1, -1))
+    n = W if all_columns else W - 1
+    x = torch.arange(n)
+    above = cells[:-1][:, (x + heads.vertical_shift).clamp(max=W - 1)]  # the cell Hv reads for each (y, x)
+    cell_input = lambda c: (h[:, :, c + 1], e[:, None, c].expand(-1, S, -1, -1, -1))  # noqa: E731 (its h, e)
+    if not heads.vertical_left:
+        return heads.vertical(*cell_input(above))
+    right = cells[:-1][:, (x + heads.vertical_shift + 1).clamp(max=W - 1)]  # the cell above-right
+    left = e[:, None, cells[1:, :n]].expand(-1, S, -1, -1, -1)  # the token on the left of the drafted cell
+    return heads.vertical(*cell_input(above), left, *cell_input(right))
 
 
 @torch.no_grad()
 def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, settings: SamplerSettings,
-                     chunk: int = 8, h_stale: torch.Tensor | None = None, refine: bool = False) -> dict:
+                     chunk: int = 8, h_stale: torch.Tensor | None = None) -> dict:
     """Expected acceptance of the heads' drafts on teacher-forced grids h [N, S, L+1, d], ids [N, L].
 
     horizontal: row chains (the first row's drafts), by depth 1..W-1; vertical: by drafted column 1..W-1;
     expected: both over every head-drafted cell as ssd drafts them (row 0 by Hh, the rows below by Hv).
     Top-1 agreement of the guided argmax beside it. h_stale [N, S, L+1, d]: features of the same grids with
     some tokens changed (as a row's features from before its last verify round): also scores Hv on them
-    (`vertical_stale_expected`, the realistic figure); refine: Hv drafts refined by one Hh step.
+    (`vertical_stale_expected`, the realistic figure).
     """
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
@@ -92,11 +91,11 @@ def heads_acceptance(model, heads, h: torch.Tensor, ids: torch.Tensor, layout, s
         sums["h0"] += acc_h[:, 0].sum(0).cpu()
         sums["h_top1"] += (p.argmax(-1) == qh.argmax(-1)).float().sum((0, 1)).cpu()
         if H > 1:
-            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout, refine=refine), settings)  # [n, H-1, W-1, V]
+            qv = guided_logp(model, vertical_drafts(heads, hb, e, layout), settings)  # [n, H-1, W-1, V]
             sums["v"] += overlap(p[:, 1:], qv).sum((0, 1)).cpu()
             if h_stale is not None:
                 hs = h_stale[b:b + chunk].to(dev, dtype)
-                qs = guided_logp(model, vertical_drafts(heads, hs, e, layout, refine=refine), settings)
+                qs = guided_logp(model, vertical_drafts(heads, hs, e, layout), settings)
                 sums["v_stale"] += overlap(p[:, 1:], qs).sum((0, 1)).cpu()
             sums["v_top1"] += (p[:, 1:].argmax(-1) == qv.argmax(-1)).float().sum((0, 1)).cpu()
         n += hb.shape[0]

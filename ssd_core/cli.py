@@ -96,7 +96,7 @@ def validate(args) -> None:
                                         ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll,
                                         seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
                                         max_steps=args.max_steps, stale_share=args.stale_share,
-                                        refine=args.refine, checkpoint_every=args.checkpoint_every,
+                                        vertical_left=args.vertical_left, checkpoint_every=args.checkpoint_every,
                                         until=_clock_time(args.until), vertical_shift=args.vertical_shift,
                                         init=args.init, train=args.train)
 
@@ -272,8 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "one-cycle learning-rate schedule runs on the time left (--max-steps stays a cap)")
     t.add_argument("--checkpoint-every", type=int, default=0, help="every N steps: log the held-out expected "
                    "acceptance and save the heads so far beside --out (0 = off)")
-    t.add_argument("--refine", action="store_true", help="also train Hv's drafts refined by one Hh "
-                   "step along the new row; the heads refine when that is accepted more on the held-out grids")
+    t.add_argument("--vertical-left", action="store_true", help="Hv also reads the token drafted on the left of "
+                   "the cell it drafts (rows drafted left to right, one head call per cell; a --init Hv without it "
+                   "starts as itself)")
     t.add_argument("--vertical-shift", type=int, default=0, choices=[0, 1], help="columns to the right that Hv "
                    "reads in the row above: 0 = the cell above the predicted feature (the paper), 1 = the cell above "
                    "the drafted cell")

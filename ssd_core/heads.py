@@ -6,6 +6,10 @@ Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU
     k = `vertical_shift`: 0 reads the cell above the predicted feature's cell (the paper); 1 reads the cell
     above the cell that feature drafts (y+1, x+1), whose token is the strongest hint (the last column reads
     the row above's last cell).
+  vertical with `vertical_left` (beyond the paper): (h[y, x+k], e(token[y, x+k]), e(token[y+1, x]),
+    h[y, x+k+1], e(token[y, x+k+1])) -> h[y+1, x], z = W0 [h ; e ; e_left ; h_right ; e_right] (5d -> d): it also
+    reads the token drafted on the left of the cell it drafts (so a row is drafted left to right, one call per
+    cell) and the cell above-right of it (clamped to the row above's last cell).
 h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
 """
 from __future__ import annotations
@@ -20,19 +24,20 @@ from .errors import SSDError
 FORMAT = "ssd-heads"
 FORMAT_VERSION = "1"
 HEAD_FORM = "concat-linear+swiglu-residual"
+VERTICAL_LEFT_INPUTS = 5  # h, e of the cell above; e of the token on the left; h, e of the cell above-right
 
 
 class DraftHead(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, eps: float = 1e-6):
+    def __init__(self, hidden: int, intermediate: int, eps: float = 1e-6, inputs: int = 2):
         super().__init__()
-        self.fuse = nn.Linear(2 * hidden, hidden, bias=False)  # W0 [h ; e]
+        self.fuse = nn.Linear(inputs * hidden, hidden, bias=False)  # W0 [h ; e (; e_left ; h_right ; e_right)]
         self.norm = nn.RMSNorm(hidden, eps=eps)
         self.gate = nn.Linear(hidden, intermediate, bias=False)
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        z = self.fuse(torch.cat([h, e.expand_as(h)], dim=-1))
+    def forward(self, h: torch.Tensor, e: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
+        z = self.fuse(torch.cat([h] + [x.expand_as(h) for x in (e, *more)], dim=-1))
         x = self.norm(z)
         return z + self.down(nn.functional.silu(self.gate(x)) * self.up(x))
 
@@ -48,16 +53,18 @@ class DraftHeads(nn.Module):
         self.intermediate = int(intermediate or hidden)
         self.extra = dict(extra or {})
         self.horizontal = DraftHead(self.hidden, self.intermediate)
-        self.vertical = DraftHead(self.hidden, self.intermediate)
+        self.vertical = DraftHead(self.hidden, self.intermediate,
+                                  inputs=VERTICAL_LEFT_INPUTS if self.vertical_left else 2)
 
     @classmethod
     def for_model(cls, model, intermediate: int | None = None, **extra) -> "DraftHeads":
         return cls(model.family, model.hidden_size, model.image_vocab_size, model.default_grid, intermediate, extra)
 
     @property
-    def refine(self) -> bool:
-        """Whether Hv's drafts are refined by one Hh step along the new row (heads trained so)."""
-        return str(self.extra.get("refine", "0")) == "1"
+    def vertical_left(self) -> bool:
+        """Whether Hv also reads the token drafted on the left of the cell it drafts (a row drafted cell by
+        cell) and the cell above-right of it."""
+        return str(self.extra.get("vertical_left", "0")) == "1"
 
     @property
     def vertical_shift(self) -> int:
@@ -92,23 +99,26 @@ class DraftHeads(nn.Module):
         save_file(tensors, str(path), metadata=self.metadata())
 
 
-def expected_shapes(hidden: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+def expected_shapes(hidden: int, intermediate: int, vertical_left: bool = False) -> dict[str, tuple[int, ...]]:
     """Every tensor of a heads file and its shape, from the sizes in its metadata."""
-    one = {"fuse.weight": (hidden, 2 * hidden), "norm.weight": (hidden,), "gate.weight": (intermediate, hidden),
-           "up.weight": (intermediate, hidden), "down.weight": (hidden, intermediate)}
-    return {f"{head}.{k}": v for head in ("horizontal", "vertical") for k, v in one.items()}
+    out = {}
+    for head, inputs in (("horizontal", 2), ("vertical", VERTICAL_LEFT_INPUTS if vertical_left else 2)):
+        out.update({f"{head}.fuse.weight": (hidden, inputs * hidden), f"{head}.norm.weight": (hidden,),
+                    f"{head}.gate.weight": (intermediate, hidden), f"{head}.up.weight": (intermediate, hidden),
+                    f"{head}.down.weight": (hidden, intermediate)})
+    return out
 
 
-def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int) -> None:
+def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int, vertical_left: bool = False) -> None:
     """One short line naming the first tensor that is missing, extra or of the wrong shape."""
-    want = expected_shapes(hidden, intermediate)
+    want = expected_shapes(hidden, intermediate, vertical_left)
     missing = [k for k in want if k not in tensors]
     extra = [k for k in tensors if k not in want]
     wrong = [k for k in want if k in tensors and tuple(tensors[k].shape) != want[k]]
     if missing or extra or wrong:
         what = (f"lacks {missing[:3]}" if missing else f"has unknown tensors {extra[:3]}" if extra else
                 f"has {wrong[0]} of shape {list(tensors[wrong[0]].shape)} where its metadata (hidden_size {hidden}, "
-                f"intermediate_size {intermediate}) needs {list(want[wrong[0]])}")
+                f"intermediate_size {intermediate}, vertical_left {int(vertical_left)}) needs {list(want[wrong[0]])}")
         raise SSDError(f"{name} {what}: the file is damaged or not made by this pack; re-train the heads")
 
 
@@ -151,7 +161,10 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     if meta.get("vertical_shift", "0") not in ("0", "1"):
         raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
                        "the pack reads 0 or 1: retrain the heads or update the pack")
-    check_shapes(path.name, tensors, hidden, inter)  # before the network is built from the metadata
+    if meta.get("vertical_left", "0") not in ("0", "1"):
+        raise SSDError(f"{path.name} has vertical_left {meta.get('vertical_left')!r} in its metadata; this version of "
+                       "the pack reads 0 or 1: retrain the heads or update the pack")
+    check_shapes(path.name, tensors, hidden, inter, meta.get("vertical_left") == "1")  # before the network is built
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}
     heads = DraftHeads(family, hidden, vocab, grid, inter,

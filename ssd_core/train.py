@@ -49,7 +49,8 @@ class TrainConfig:
     until: float | None = None  # stop at this time (time.time()): features of the grids done in 60% of the time
     #                             left, then the one-cycle lr schedule runs on the time left
     checkpoint_every: int = 0  # every this many steps: held-out expected acceptance logged, heads saved (0 = off)
-    refine: bool = False  # also train Hv's drafts refined by one Hh step along the new row; used if they win
+    vertical_left: bool = False  # Hv also reads the token drafted on the left of the cell it drafts (and the cell
+    #                              above-right of it)
     vertical_shift: int = 0  # Hv reads the row above this many columns right (1: the cell above the drafted cell)
     init: str | None = None  # a heads file for this model to start from (warm start) instead of random weights
     train: str = "both"  # which heads learn: both, vertical (Hh kept as it starts) or horizontal
@@ -220,11 +221,8 @@ def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, la
         pred_v = vertical_drafts(heads, h_in, e, layout, all_columns=True)  # [b, S, H-1, W, d]
         losses["vertical"] = F.smooth_l1_loss(pred_v.float(), h[:, :, cells[1:] + 1].float())
         drafts["v"] = pred_v[:, :, :, :-1]
-        if cfg.refine:  # Hh on Hv's features along the new row (drafts cells x >= 1), beside Hv's own drafts
-            drafts["r"] = vertical_drafts(heads, h_in, e, layout, refine=True)  # [b, S, H-1, W-1, d]
-            losses["refine"] = F.smooth_l1_loss(drafts["r"].float(), h[:, :, cells[1:, :-1] + 1].float())
     for name, q_feats in drafts.items():
-        true = targets[:, :, 1:] if name in ("v", "r") else targets[:, :, :, :q_feats.shape[3]]
+        true = targets[:, :, 1:] if name == "v" else targets[:, :, :, :q_feats.shape[3]]
         if cfg.kl_weight > 0 and S == (2 if settings.guided else 1):
             with torch.no_grad():
                 logp = guided_logp(model, true, settings)  # processed p [b, ..., V]
@@ -379,7 +377,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
                 sums[k] = sums.get(k, 0.0) + v.item()
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 checkpoint(model, accel, heads, out_path, step, step * cfg.batch_grids, h_held, ids_held, stale_held,
-                           layout, settings, cfg.refine, time.time() - t1, log)
+                           layout, settings, time.time() - t1, log)
         log(f"epoch {epoch + 1}/{cfg.epochs} ({step} steps, {time.time() - t1:.0f} s): "
             + ", ".join(f"{k} {v / max(n, 1):.4f}" for k, v in sums.items()))
         if step >= total_steps or (cfg.until and time.time() >= cfg.until):
@@ -387,18 +385,12 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     heads = accel.unwrap_model(heads).eval()
     report = {"samples": int(h_train.shape[0]), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
               "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
-              "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "refine": int(cfg.refine),
+              "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "vertical_left": int(cfg.vertical_left),
               "vertical_shift": cfg.vertical_shift, "init": Path(cfg.init).name if cfg.init else "random",
               "trained": cfg.train,
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
     scores = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
-    if cfg.refine:  # trained both ways: drafts refined only where that is accepted more (on stale inputs)
-        refined = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held, refine=True)
-        report["vertical_stale_expected_unrefined"] = scores["vertical_stale_expected"]
-        report["vertical_stale_expected_refined"] = refined["vertical_stale_expected"]
-        report["refine"] = int(refined["vertical_stale_expected"] > scores["vertical_stale_expected"])
-        scores = refined if report["refine"] else scores
     report.update(scores)
     log(acceptance_lines(report))
     if accel.is_main_process:
@@ -408,9 +400,11 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
 
 
 def start_heads(model, cfg: TrainConfig) -> DraftHeads:
-    """Fresh heads for `model` (cfg.vertical_shift), with random weights or those of the heads file cfg.init."""
+    """Fresh heads for `model` (cfg.vertical_shift, cfg.vertical_left), with random weights or those of the heads
+    file cfg.init. A plain Hv warm-starts a vertical_left one as itself: the new inputs' weights start at 0."""
+    extra = {"vertical_shift": cfg.vertical_shift, "vertical_left": int(cfg.vertical_left)}
     if cfg.init is None:
-        return DraftHeads.for_model(model, cfg.intermediate, vertical_shift=cfg.vertical_shift)
+        return DraftHeads.for_model(model, cfg.intermediate, **extra)
     from .heads import load_heads_file
 
     start = load_heads_file(cfg.init)
@@ -418,24 +412,28 @@ def start_heads(model, cfg: TrainConfig) -> DraftHeads:
     if cfg.intermediate is not None and cfg.intermediate != start.intermediate:
         raise SSDError(f"train-heads init {Path(cfg.init).name} has intermediate size {start.intermediate}, not "
                        f"{cfg.intermediate}: leave the size out to keep the file's, or start from random weights")
-    heads = DraftHeads.for_model(model, start.intermediate, vertical_shift=cfg.vertical_shift)
-    heads.load_state_dict(start.state_dict())
+    if start.vertical_left and not cfg.vertical_left:
+        raise SSDError(f"train-heads init {Path(cfg.init).name} has an Hv that reads the token on its left "
+                       "(vertical_left): train with --vertical-left, or start from other heads")
+    heads = DraftHeads.for_model(model, start.intermediate, **extra)
+    weights = start.state_dict()
+    fuse = weights["vertical.fuse.weight"]  # [d, 2d] or [d, 3d]
+    weights["vertical.fuse.weight"] = torch.cat([fuse, fuse.new_zeros(fuse.shape[0], heads.vertical.fuse.in_features
+                                                                      - fuse.shape[1])], dim=1)
+    heads.load_state_dict(weights)
     return heads
 
 
 @torch.no_grad()
-def checkpoint(model, accel, heads, out_path, step, seen, h_held, ids_held, stale_held, layout, settings, refine,
-               elapsed, log=print) -> None:
-    """Mid-run: the held-out expected acceptance (on stale Hv inputs; refined too when trained so) and the
-    heads so far, saved beside out_path as *.step{N}.safetensors."""
+def checkpoint(model, accel, heads, out_path, step, seen, h_held, ids_held, stale_held, layout, settings, elapsed,
+               log=print) -> None:
+    """Mid-run: the held-out expected acceptance (also on stale Hv inputs) and the heads so far, saved beside
+    out_path as *.step{N}.safetensors."""
     one = accel.unwrap_model(heads).eval()
     a = heads_acceptance(model, one, h_held, ids_held, layout, settings, h_stale=stale_held)
     line = (f"checkpoint step {step} ({seen} grids seen, {elapsed:.0f} s): expected {a['expected_acceptance']} "
             f"(stale {a['expected_acceptance_stale']}), Hh row0 {a['horizontal_row0_expected']}, "
             f"Hv {a['vertical_expected']} (stale {a['vertical_stale_expected']})")
-    if refine:
-        r = heads_acceptance(model, one, h_held, ids_held, layout, settings, h_stale=stale_held, refine=True)
-        line += f", Hv refined {r['vertical_expected']} (stale {r['vertical_stale_expected']})"
     log(line)
     if accel.is_main_process:
         one.save(Path(out_path).with_suffix(f".step{step}.safetensors"))

@@ -22,8 +22,8 @@ def draft(run: Run, target: int, pick) -> None:
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
     slots come from Hv (whole row at once, from the row above, shifted by heads.vertical_shift columns) or,
     in the first row, from an Hh chain.
-    Heads trained with `refine` draft each cell of a Hv row from one Hh step on Hv's feature of the cell
-    to its left and the token drafted there (acceptance.vertical_drafts).
+    Heads with `vertical_left` draft a Hv row left to right: each cell's feature also reads the token just
+    drafted there (acceptance.vertical_drafts).
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
@@ -34,26 +34,17 @@ def draft(run: Run, target: int, pick) -> None:
         row_start = (s // stride) * stride
         stop = min(target, row_start + W)  # image cells of this row to draft now
         slots = run.slots(s, stop)
-        if s >= stride:  # vertical: the whole stretch in one call from the row above
-            last = row_start - stride + W - 1  # the row above's last image cell
-            src = [min(t + heads.vertical_shift, last) for t in range(s - stride, stop - stride)]  # cells Hv reads
-            with torch.no_grad():  # [B, n, d] -> h of `slots`
-                pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
-            run.head_calls += 1
-            if heads.refine:  # one Hh step from Hv's feature on the left, with the token drafted there
-                base, picked = feature(run, s - 1), []
-                for i, t in enumerate(range(s, stop)):
-                    one = run.slots(t, t + 1)
-                    code = pick(run.logp(run.model.image_logits(base[:, None]), one, "heads"), run.rank[t], run.rank[t] + 1)
-                    picked.append(code)
-                    with torch.no_grad():
-                        base = heads.horizontal(base if i == 0 else pred[:, i - 1], _embed(run, run.id_of_code[code])[0])
-                    run.head_calls += 1
-                codes = torch.cat(picked)
-            else:
+        if s >= stride:  # vertical: from the row above
+            if heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
+                codes = _left_chain(run, feature(run, s - 1), s, stop, pick)
+            else:  # the whole stretch in one call from the row above
+                src = [_above(run, t) for t in range(s, stop)]
+                with torch.no_grad():  # [B, n, d] -> h of `slots`
+                    pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
+                run.head_calls += 1
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
-            run.features[:, s:stop] = pred
+                run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
         run.set_tokens(slots, codes)
@@ -71,6 +62,38 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick) -> torch.Tensor
         picked.append(code)
         with torch.no_grad():
             prev = run.heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
+        run.features[:, t] = prev
+        run.head_calls += 1
+    return torch.cat(picked)
+
+
+def _above(run: Run, t: int, right: int = 0) -> int:
+    """The slot in the row above that Hv reads for the feature at slot t (heads.vertical_shift columns right,
+    plus `right`; at most the row above's last image cell)."""
+    stride = run.layout.row_stride
+    last = (t // stride) * stride - stride + run.layout.grid[1] - 1
+    return min(t - stride + run.heads.vertical_shift + right, last)
+
+
+def _left_feature(run: Run, t: int, token: torch.Tensor) -> torch.Tensor:
+    """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1) from the row above and t's token
+    embedding [d]."""
+    up, right = _above(run, t), _above(run, t, 1)
+    e = _embed(run, run.ids[[up, right]])  # [2, d]
+    with torch.no_grad():
+        return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
+
+
+def _left_chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick) -> torch.Tensor:
+    """A vertical_left Hv along the image slots [lo, hi) of a row below the first, from prev [B, d], the feature
+    of the slot before lo: each slot's code is pick's draw from the q of the feature before it, then its feature
+    is Hv(the row above, this code); the features are written. -> codes [hi - lo]."""
+    picked = []
+    for t in range(lo, hi):
+        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
+                    run.rank[t] + 1)
+        picked.append(code)
+        prev = _left_feature(run, t, _embed(run, run.id_of_code[code])[0])
         run.features[:, t] = prev
         run.head_calls += 1
     return torch.cat(picked)

@@ -1,5 +1,5 @@
-"""Held-out expected acceptance of heads files on the bundled model, Hv on fresh and stale inputs, plain and
-refined: python -m ssd_core.dev.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
+"""Held-out expected acceptance of heads files on the bundled model, Hv on fresh and stale inputs:
+python -m ssd_core.dev.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
 import json, sys, torch, ssd_core
 from ssd_core.acceptance import heads_acceptance
 from ssd_core.sampling import settings_from
@@ -13,6 +13,5 @@ keys = ("expected_acceptance", "expected_acceptance_stale", "horizontal_row0_exp
         "horizontal_expected_depth_6-11", "horizontal_expected_depth_12-23", "vertical_expected", "vertical_stale_expected")
 for path in sys.argv[2:]:
     heads = ssd_core.load_heads(path, m)
-    for refine in (False, True):
-        a = heads_acceptance(m, heads, h, ids, lay, s, h_stale=hs, refine=refine)
-        print(path, "refined" if refine else "plain", json.dumps({k: a[k] for k in keys}), flush=True)
+    a = heads_acceptance(m, heads, h, ids, lay, s, h_stale=hs)
+    print(path, "vertical_left" if heads.vertical_left else "plain", json.dumps({k: a[k] for k in keys}), flush=True)
