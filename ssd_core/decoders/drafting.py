@@ -36,7 +36,7 @@ def draft(run: Run, target: int, pick) -> None:
         slots = run.slots(s, stop)
         if s >= stride:  # vertical: from the row above
             if heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
-                codes = _left_chain(run, feature(run, s - 1), s, stop, pick)
+                codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_step)
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
                 with torch.no_grad():  # [B, n, d] -> h of `slots`
@@ -52,16 +52,18 @@ def draft(run: Run, target: int, pick) -> None:
         s = run.end
 
 
-def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick) -> torch.Tensor:
-    """Hh along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
-    slot's code is pick's draw from the q of the feature before it; the features are written. -> codes [hi - lo]."""
+def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None) -> torch.Tensor:
+    """A chain along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
+    slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code))
+    (default Hh(prev, e(code)); `_left_step` for a vertical_left Hv); the features are written. -> codes [hi - lo]."""
     picked = []
     for t in range(lo, hi):
         code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
                     run.rank[t] + 1)
         picked.append(code)
+        token = _embed(run, run.id_of_code[code])[0]
         with torch.no_grad():
-            prev = run.heads.horizontal(prev, _embed(run, run.id_of_code[code])[0])
+            prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token)
         run.features[:, t] = prev
         run.head_calls += 1
     return torch.cat(picked)
@@ -75,28 +77,12 @@ def _above(run: Run, t: int, right: int = 0) -> int:
     return min(t - stride + run.heads.vertical_shift + right, last)
 
 
-def _left_feature(run: Run, t: int, token: torch.Tensor) -> torch.Tensor:
-    """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1) from the row above and t's token
-    embedding [d]."""
+def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1), below the first row: from the row
+    above and t's token embedding [d] (not from prev, the feature on the left)."""
     up, right = _above(run, t), _above(run, t, 1)
     e = _embed(run, run.ids[[up, right]])  # [2, d]
-    with torch.no_grad():
-        return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
-
-
-def _left_chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick) -> torch.Tensor:
-    """A vertical_left Hv along the image slots [lo, hi) of a row below the first, from prev [B, d], the feature
-    of the slot before lo: each slot's code is pick's draw from the q of the feature before it, then its feature
-    is Hv(the row above, this code); the features are written. -> codes [hi - lo]."""
-    picked = []
-    for t in range(lo, hi):
-        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
-                    run.rank[t] + 1)
-        picked.append(code)
-        prev = _left_feature(run, t, _embed(run, run.id_of_code[code])[0])
-        run.features[:, t] = prev
-        run.head_calls += 1
-    return torch.cat(picked)
+    return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
 
 
 def reanchor_row(run: Run, k: int, cells: int) -> None:
