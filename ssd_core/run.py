@@ -210,9 +210,9 @@ class Run:
         gets the same noise."""
         if self.settings.temperature == 0:
             return logp.argmax(-1)
-        if b > self.noise.hi:  # each slot's noise is made once, a row ahead at a time
-            first = self.rank[self.first_open]
-            lo, hi = max(self.noise.hi, first), min(len(self.image_slots), max(b, first + self.layout.grid[1]))
+        if b > self.noise.hi:  # each slot's noise is made once, a row ahead (of the first open slot and of b)
+            first, W = self.rank[self.first_open], self.layout.grid[1]
+            lo, hi = max(self.noise.hi, first), min(len(self.image_slots), max(b + W - 1, first + W))
             self.noise.span(first, hi)
             self.noise.put(lo, gumbel(self.settings.seed, self.image_ids[lo:hi], self.V))
         return gumbel_argmax(logp.float(), self.noise.get(a, b))
