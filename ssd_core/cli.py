@@ -93,7 +93,8 @@ def validate(args) -> None:
         if samples < 1 and not args.grids:
             raise SSDError(f"train-heads samples must be a whole number >= 1 (or 0 with --grids FILE), got {samples}")
         args.train_config = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
-                                        ce_weight=args.ce_weight, kl_weight=args.kl_weight, unroll=args.unroll,
+                                        ce_weight=args.ce_weight, kl_weight=args.kl_weight, tv_weight=args.tv_weight,
+                                        unroll=args.unroll, vertical_intermediate=args.vertical_intermediate,
                                         seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
                                         max_steps=args.max_steps, stale_share=args.stale_share,
                                         vertical_left=args.vertical_left, checkpoint_every=args.checkpoint_every,
@@ -263,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ce-weight", type=float, default=0.1, help="argmax cross-entropy of the drafts (0 = off)")
     t.add_argument("--kl-weight", type=float, default=1.0,
                    help="KL of the model's processed guided distribution against the draft's (0 = off)")
+    t.add_argument("--tv-weight", type=float, default=0.0, help="the drafts' expected rejection 1 - sum min(p, q) "
+                   "of the same distributions, what acceptance is (0 = off)")
     t.add_argument("--unroll", type=int, default=0, help="horizontal head trained on its own outputs along "
                    "rows to this chain depth (0 = the row's width - 1, 1 = teacher-forced pairs only)")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
@@ -278,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vertical-shift", type=int, default=0, choices=[0, 1], help="columns to the right that Hv "
                    "reads in the row above: 0 = the cell above the predicted feature (the paper), 1 = the cell above "
                    "the drafted cell")
+    t.add_argument("--vertical-intermediate", type=int, default=None, help="width of Hv's MLP (default: Hh's, or "
+                   "--init's Hv; wider than --init's: its units kept, the new ones start adding nothing)")
     t.add_argument("--init", default=None, help="heads file for this model to start from (warm start)")
     t.add_argument("--train", default="both", choices=["both", "vertical", "horizontal"], help="which heads learn "
                    "(vertical / horizontal: the other stays as in --init)")

@@ -10,6 +10,7 @@ Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU
     h[y, x+k+1], e(token[y, x+k+1])) -> h[y+1, x], z = W0 [h ; e ; e_left ; h_right ; e_right] (5d -> d): it also
     reads the token drafted on the left of the cell it drafts (so a row is drafted left to right, one call per
     cell) and the cell above-right of it (clamped to the row above's last cell).
+Hv's MLP may be wider than Hh's (metadata `vertical_intermediate_size`, default `intermediate_size`).
 h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ class DraftHeads(nn.Module):
         self.intermediate = int(intermediate or hidden)
         self.extra = dict(extra or {})
         self.horizontal = DraftHead(self.hidden, self.intermediate)
-        self.vertical = DraftHead(self.hidden, self.intermediate,
+        self.vertical = DraftHead(self.hidden, self.vertical_intermediate,
                                   inputs=VERTICAL_LEFT_INPUTS if self.vertical_left else 2)
 
     @classmethod
@@ -65,6 +66,11 @@ class DraftHeads(nn.Module):
         """Whether Hv also reads the token drafted on the left of the cell it drafts (a row drafted cell by
         cell) and the cell above-right of it."""
         return str(self.extra.get("vertical_left", "0")) == "1"
+
+    @property
+    def vertical_intermediate(self) -> int:
+        """The width of Hv's MLP (`vertical_intermediate_size`; Hh's `intermediate_size` when absent)."""
+        return int(self.extra.get("vertical_intermediate_size", self.intermediate))
 
     @property
     def vertical_shift(self) -> int:
@@ -99,26 +105,31 @@ class DraftHeads(nn.Module):
         save_file(tensors, str(path), metadata=self.metadata())
 
 
-def expected_shapes(hidden: int, intermediate: int, vertical_left: bool = False) -> dict[str, tuple[int, ...]]:
+def expected_shapes(hidden: int, intermediate: int, vertical_left: bool = False,
+                    vertical_intermediate: int | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor of a heads file and its shape, from the sizes in its metadata."""
     out = {}
-    for head, inputs in (("horizontal", 2), ("vertical", VERTICAL_LEFT_INPUTS if vertical_left else 2)):
+    for head, inputs, inter in (("horizontal", 2, intermediate),
+                                ("vertical", VERTICAL_LEFT_INPUTS if vertical_left else 2,
+                                 vertical_intermediate or intermediate)):
         out.update({f"{head}.fuse.weight": (hidden, inputs * hidden), f"{head}.norm.weight": (hidden,),
-                    f"{head}.gate.weight": (intermediate, hidden), f"{head}.up.weight": (intermediate, hidden),
-                    f"{head}.down.weight": (hidden, intermediate)})
+                    f"{head}.gate.weight": (inter, hidden), f"{head}.up.weight": (inter, hidden),
+                    f"{head}.down.weight": (hidden, inter)})
     return out
 
 
-def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int, vertical_left: bool = False) -> None:
+def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int, vertical_left: bool = False,
+                 vertical_intermediate: int | None = None) -> None:
     """One short line naming the first tensor that is missing, extra or of the wrong shape."""
-    want = expected_shapes(hidden, intermediate, vertical_left)
+    want = expected_shapes(hidden, intermediate, vertical_left, vertical_intermediate)
     missing = [k for k in want if k not in tensors]
     extra = [k for k in tensors if k not in want]
     wrong = [k for k in want if k in tensors and tuple(tensors[k].shape) != want[k]]
     if missing or extra or wrong:
         what = (f"lacks {missing[:3]}" if missing else f"has unknown tensors {extra[:3]}" if extra else
                 f"has {wrong[0]} of shape {list(tensors[wrong[0]].shape)} where its metadata (hidden_size {hidden}, "
-                f"intermediate_size {intermediate}, vertical_left {int(vertical_left)}) needs {list(want[wrong[0]])}")
+                f"intermediate_size {intermediate}, vertical_intermediate_size {vertical_intermediate or intermediate}, "
+                f"vertical_left {int(vertical_left)}) needs {list(want[wrong[0]])}")
         raise SSDError(f"{name} {what}: the file is damaged or not made by this pack; re-train the heads")
 
 
@@ -154,7 +165,8 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
         grid = tuple(int(v) for v in meta["grid"].split("x"))
         hidden, inter = int(meta["hidden_size"]), int(meta["intermediate_size"])
         vocab, family = int(meta["image_vocab_size"]), meta["family"]
-        if len(grid) != 2 or min(grid + (hidden, inter, vocab)) < 1:
+        v_inter = int(meta.get("vertical_intermediate_size", inter))
+        if len(grid) != 2 or min(grid + (hidden, inter, vocab, v_inter)) < 1:
             raise ValueError("sizes must be whole numbers >= 1")
     except (KeyError, ValueError) as err:
         raise SSDError(f"{path.name} has damaged heads metadata ({err}); re-train the heads") from None
@@ -164,7 +176,7 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     if meta.get("vertical_left", "0") not in ("0", "1"):
         raise SSDError(f"{path.name} has vertical_left {meta.get('vertical_left')!r} in its metadata; this version of "
                        "the pack reads 0 or 1: retrain the heads or update the pack")
-    check_shapes(path.name, tensors, hidden, inter, meta.get("vertical_left") == "1")  # before the network is built
+    check_shapes(path.name, tensors, hidden, inter, meta.get("vertical_left") == "1", v_inter)  # before the network is built
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}
     heads = DraftHeads(family, hidden, vocab, grid, inter,

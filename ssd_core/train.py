@@ -40,10 +40,12 @@ class TrainConfig:
     lr: float = 2e-3
     ce_weight: float = 0.1  # argmax cross-entropy of one-step drafts (0 = off)
     kl_weight: float = 1.0  # KL(p processed || q guided) of the drafts (0 = off)
+    tv_weight: float = 0.0  # 1 - sum_v min(p, q guided) of the drafts: their expected rejection (0 = off)
     unroll: int = 0  # Hh chain depth trained on its own outputs (0 = W-1, 1 = teacher-forced pairs only)
     seed: int = 0
     gen_batch: int = 8
     intermediate: int | None = None
+    vertical_intermediate: int | None = None  # Hv's MLP width (None: Hh's, or init's); wider than init's: widened
     max_steps: int | None = None  # stop after this many optimiser steps (None: every epoch)
     stale_share: float = 0.0  # Hv trained on features with this share of tokens changed (0 = true features)
     until: float | None = None  # stop at this time (time.time()): features of the grids done in 60% of the time
@@ -63,12 +65,17 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
+        v = self.vertical_intermediate
+        if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
+            raise SSDError(f"train-heads vertical_intermediate must be a whole number >= 1 (Hv's MLP width, e.g. 1024), "
+                           f"got {v}")
         if self.samples + self.heldout < 2:
             raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
-        if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
-            raise SSDError(f"train-heads ce_weight must be a number >= 0, got {self.ce_weight}")
+        for name in ("ce_weight", "tv_weight"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise SSDError(f"train-heads {name} must be a number >= 0, got {getattr(self, name)}")
         if self.vertical_shift not in (0, 1) or isinstance(self.vertical_shift, bool):
             raise SSDError(f"train-heads vertical_shift must be 0 (the paper's Hv input) or 1 (the cell above the "
                            f"drafted cell), got {self.vertical_shift}")
@@ -223,13 +230,16 @@ def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, la
         drafts["v"] = pred_v[:, :, :, :-1]
     for name, q_feats in drafts.items():
         true = targets[:, :, 1:] if name == "v" else targets[:, :, :, :q_feats.shape[3]]
-        if cfg.kl_weight > 0 and S == (2 if settings.guided else 1):
+        if (cfg.kl_weight > 0 or cfg.tv_weight > 0) and S == (2 if settings.guided else 1):
             with torch.no_grad():
                 logp = guided_logp(model, true, settings)  # processed p [b, ..., V]
             t = settings.temperature if settings.temperature > 0 else 1.0
             logq = (guide(model.image_logits(q_feats).transpose(0, 1), settings.cfg) / t).log_softmax(-1)
             p = logp.exp()
-            losses["kl_" + name] = cfg.kl_weight * (p * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+            if cfg.kl_weight > 0:
+                losses["kl_" + name] = cfg.kl_weight * (p * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+            if cfg.tv_weight > 0:  # what acceptance is: the draft is rejected with probability 1 - sum min(p, q)
+                losses["tv_" + name] = cfg.tv_weight * (1 - torch.minimum(p, logq.exp()).sum(-1)).mean()
         if cfg.ce_weight > 0:
             target = model.image_logits(true).argmax(-1)
             losses["ce_" + name] = cfg.ce_weight * F.cross_entropy(model.image_logits(q_feats).flatten(0, -2),
@@ -387,6 +397,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
               "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
               "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "vertical_left": int(cfg.vertical_left),
               "vertical_shift": cfg.vertical_shift, "init": Path(cfg.init).name if cfg.init else "random",
+              "tv_weight": cfg.tv_weight,
               "trained": cfg.train,
               "generate_s": round(t_gen, 1), "train_s": round(time.time() - t1, 1)}
     report.update(agreement(model, heads, h_held, ids_held, layout))
@@ -400,10 +411,13 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
 
 
 def start_heads(model, cfg: TrainConfig) -> DraftHeads:
-    """Fresh heads for `model` (cfg.vertical_shift, cfg.vertical_left), with random weights or those of the heads
-    file cfg.init. A plain Hv warm-starts a vertical_left one as itself: the new inputs' weights start at 0."""
+    """Fresh heads for `model` (cfg.vertical_shift, cfg.vertical_left, cfg.vertical_intermediate), with random
+    weights or those of the heads file cfg.init. A plain Hv warm-starts a vertical_left one as itself: the new
+    inputs' weights start at 0; a wider Hv starts as the init's too: its new units' output weights start at 0."""
     extra = {"vertical_shift": cfg.vertical_shift, "vertical_left": int(cfg.vertical_left)}
     if cfg.init is None:
+        if cfg.vertical_intermediate is not None:
+            extra["vertical_intermediate_size"] = cfg.vertical_intermediate
         return DraftHeads.for_model(model, cfg.intermediate, **extra)
     from .heads import load_heads_file
 
@@ -415,11 +429,22 @@ def start_heads(model, cfg: TrainConfig) -> DraftHeads:
     if start.vertical_left and not cfg.vertical_left:
         raise SSDError(f"train-heads init {Path(cfg.init).name} has an Hv that reads the token on its left "
                        "(vertical_left): train with --vertical-left, or start from other heads")
+    width = cfg.vertical_intermediate or start.vertical_intermediate
+    if width < start.vertical_intermediate:
+        raise SSDError(f"train-heads init {Path(cfg.init).name} has an Hv of width {start.vertical_intermediate}, wider "
+                       f"than the {width} asked: leave vertical_intermediate out, ask >= {start.vertical_intermediate}, "
+                       "or start from random weights")
+    if width != start.intermediate:
+        extra["vertical_intermediate_size"] = width
     heads = DraftHeads.for_model(model, start.intermediate, **extra)
-    weights = start.state_dict()
-    fuse = weights["vertical.fuse.weight"]  # [d, 2d] or [d, 3d]
+    weights, fresh = start.state_dict(), heads.state_dict()
+    fuse = weights["vertical.fuse.weight"]  # [d, 2d] or [d, 5d]
     weights["vertical.fuse.weight"] = torch.cat([fuse, fuse.new_zeros(fuse.shape[0], heads.vertical.fuse.in_features
                                                                       - fuse.shape[1])], dim=1)
+    for name in ("vertical.gate.weight", "vertical.up.weight"):  # new units: fresh input weights [width, d]
+        weights[name] = torch.cat([weights[name], fresh[name][weights[name].shape[0]:]])
+    down = weights["vertical.down.weight"]  # [d, width]: the new units add nothing yet
+    weights["vertical.down.weight"] = torch.cat([down, down.new_zeros(down.shape[0], width - down.shape[1])], dim=1)
     heads.load_state_dict(weights)
     return heads
 

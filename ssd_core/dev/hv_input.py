@@ -57,9 +57,9 @@ def score(m, s, cells, predict, hh, idsh):
     return tot / n
 
 
-def fit(m, s, cells, head, predict, h, ids, hh, idsh, steps, lr, kl, label):
-    """Train `head` (Smooth-L1 on features + kl x KL of the guided distributions, batch 8, one-cycle lr), printing
-    the held-out expected acceptance four times; returns the final one."""
+def fit(m, s, cells, head, predict, h, ids, hh, idsh, steps, lr, kl, label, tv=0.0):
+    """Train `head` (Smooth-L1 on features + kl x KL + tv x (1 - sum min(p, q)) of the guided distributions, batch
+    8, one-cycle lr), printing the held-out expected acceptance four times; returns the final one."""
     opt = torch.optim.AdamW(head.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
     g = torch.Generator().manual_seed(1); t0 = time.time()
@@ -70,7 +70,10 @@ def fit(m, s, cells, head, predict, h, ids, hh, idsh, steps, lr, kl, label):
         loss = F.smooth_l1_loss(pred, hb[:, :, cells[1:] + 1])
         with torch.no_grad(): logp = guided_logp(m, hb[:, :, cells[1:, 1:]], s)
         logq = guide(m.image_logits(pred[:, :, :, :-1]).transpose(0, 1), s.cfg).log_softmax(-1)
-        loss = loss + kl * (logp.exp() * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+        if kl:
+            loss = loss + kl * (logp.exp() * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
+        if tv:
+            loss = loss + tv * (1 - torch.minimum(logp.exp(), logq.exp()).sum(-1)).mean()
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
         if (st + 1) % max(1, steps // 4) == 0:
             print(f"{label} step {st+1} ({time.time()-t0:.0f} s): held-out Hv expected "

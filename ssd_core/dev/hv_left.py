@@ -10,6 +10,9 @@ Every form reads the cell above the drafted cell (vertical_shift 1) and its toke
   left+rtoken:  + the token above-right of the drafted cell
   left+right:   + the feature and token above-right (the shipped `vertical_left` form)
   left+rec:     + Hv's own feature of the cell on the left (unrolled along the row, as drafting would run it)
+A form may end in modifiers: `:tv` trains on Smooth-L1 + 2 (1 - sum min(p, q)) (the expected rejection)
+instead of Smooth-L1 + KL, `:kltv` on all three, `:wide` gives Hv a 4x wider MLP, e.g.
+    python -m ssd_core.dev.hv_left build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 left+right:tv,left+right:wide,left+right:tv:wide
 (features of the first N shuffled grids are stored beside GRIDS as GRIDS.hvN.safetensors and reused, as
 ssd_core.dev.hv_input does)."""
 import sys
@@ -48,10 +51,12 @@ def main():
         return predict
 
     res = {}
-    for form in forms:
+    for name in forms:
+        form, *mods = name.split(":")
         torch.manual_seed(0)
-        head = DraftHead(m.hidden_size, m.hidden_size, inputs=INPUTS[form])
-        res[form] = round(fit(m, s, cells, head, predictor(head, form), h, ids, hh, idsh, steps, 2e-3, 1.0, form), 4)
+        head = DraftHead(m.hidden_size, m.hidden_size * (4 if "wide" in mods else 1), inputs=INPUTS[form])
+        kl, tv = (0.0, 2.0) if "tv" in mods else (1.0, 2.0) if "kltv" in mods else (1.0, 0.0)
+        res[name] = round(fit(m, s, cells, head, predictor(head, form), h, ids, hh, idsh, steps, 2e-3, kl, name, tv), 4)
     print("RESULT", n, steps, res, flush=True)
 
 
