@@ -61,14 +61,12 @@ class TrainConfig:
         from .errors import SSDError
 
         for name, low in (("samples", 0), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1),
-                          ("checkpoint_every", 0)):
+                          ("checkpoint_every", 0), ("vertical_intermediate", 1)):
             value = getattr(self, name)
+            if value is None and name == "vertical_intermediate":  # optional: Hh's width, or the init's
+                continue
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
-        v = self.vertical_intermediate
-        if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
-            raise SSDError(f"train-heads vertical_intermediate must be a whole number >= 1 (Hv's MLP width, e.g. 1024), "
-                           f"got {v}")
         if self.samples + self.heldout < 2:
             raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
         if not (math.isfinite(self.lr) and self.lr > 0):
