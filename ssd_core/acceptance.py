@@ -49,7 +49,8 @@ def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns
     """Hv on the row above: [N, S, H-1, W-1, d] the feature predicted at cell (y, x) for y >= 1, x < W-1,
     which drafts cell (y, x+1) (all_columns: x < W, [N, S, H-1, W, d]); Hv reads cell (y-1, x + shift)
     (heads.vertical_shift, clamped to the last column); with heads.vertical_left also the token at (y, x), the
-    one drafted on the left of cell (y, x+1) (here the true token: teacher-forced), and cell (y-1, x + shift + 1)."""
+    one drafted on the left of cell (y, x+1) (here the true token: teacher-forced), and cell (y-1, x + shift + 1);
+    with vertical_left 2 also the token of the slot before (y, x) and cell (y-1, x + shift - 1)."""
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     S = h.shape[1]
@@ -60,8 +61,11 @@ def vertical_drafts(heads, h: torch.Tensor, e: torch.Tensor, layout, all_columns
     if not heads.vertical_left:
         return heads.vertical(*cell_input(above))
     right = cells[:-1][:, (x + heads.vertical_shift + 1).clamp(max=W - 1)]  # the cell above-right
-    left = e[:, None, cells[1:, :n]].expand(-1, S, -1, -1, -1)  # the token on the left of the drafted cell
-    return heads.vertical(*cell_input(above), left, *cell_input(right))
+    token = lambda c: e[:, None, c].expand(-1, S, -1, -1, -1)  # noqa: E731
+    more = [token(cells[1:, :n]), *cell_input(right)]  # the token on the left of the drafted cell, above-right
+    if heads.vertical_left == 2:  # the token before that one, the cell above-left
+        more += [token(cells[1:, :n] - 1), *cell_input(cells[:-1][:, (x + heads.vertical_shift - 1).clamp(0, W - 1)])]
+    return heads.vertical(*cell_input(above), *more)
 
 
 @torch.no_grad()

@@ -275,9 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "one-cycle learning-rate schedule runs on the time left (--max-steps stays a cap)")
     t.add_argument("--checkpoint-every", type=int, default=0, help="every N steps: log the held-out expected "
                    "acceptance and save the heads so far beside --out (0 = off)")
-    t.add_argument("--vertical-left", action="store_true", help="Hv also reads the token drafted on the left of "
-                   "the cell it drafts (rows drafted left to right, one head call per cell; a --init Hv without it "
-                   "starts as itself)")
+    t.add_argument("--vertical-left", type=int, nargs="?", const=1, default=0, choices=[0, 1, 2], help="1 (the "
+                   "value of a bare --vertical-left): Hv also reads the token drafted on the left of the cell it drafts "
+                   "and the cell above-right (rows drafted left to right, one head call per cell); 2: also the token "
+                   "two to the left and the cell above-left; a --init Hv that reads less starts as itself")
     t.add_argument("--vertical-shift", type=int, default=0, choices=[0, 1], help="columns to the right that Hv "
                    "reads in the row above: 0 = the cell above the predicted feature (the paper), 1 = the cell above "
                    "the drafted cell")

@@ -10,6 +10,9 @@ Each head maps (h, e) -> predicted h: z = W0 [h ; e] (2d -> d); out = z + SwiGLU
     h[y, x+k+1], e(token[y, x+k+1])) -> h[y+1, x], z = W0 [h ; e ; e_left ; h_right ; e_right] (5d -> d): it also
     reads the token drafted on the left of the cell it drafts (so a row is drafted left to right, one call per
     cell) and the cell above-right of it (clamped to the row above's last cell).
+  vertical_left 2 also reads the token two to the left of the drafted cell (the slot before the left token: the row
+    above's last slot for the first column) and the cell above-left of it (clamped to the row above's first cell):
+    z = W0 [h ; e ; e_left ; h_right ; e_right ; e_left2 ; h_upleft ; e_upleft] (8d -> d).
 Hv's MLP may be wider than Hh's (metadata `vertical_intermediate_size`, default `intermediate_size`).
 h are the base model's pre-norm last-layer features; draft logits go through the model's own frozen head.
 """
@@ -25,7 +28,9 @@ from .errors import SSDError
 FORMAT = "ssd-heads"
 FORMAT_VERSION = "1"
 HEAD_FORM = "concat-linear+swiglu-residual"
-VERTICAL_LEFT_INPUTS = 5  # h, e of the cell above; e of the token on the left; h, e of the cell above-right
+# Hv's inputs by `vertical_left`: 0: h, e of the cell above; 1: + e of the token on the left, h, e of the cell
+# above-right; 2: + e of the token two to the left, h, e of the cell above-left
+VERTICAL_INPUTS = {0: 2, 1: 5, 2: 8}
 
 
 class DraftHead(nn.Module):
@@ -55,17 +60,18 @@ class DraftHeads(nn.Module):
         self.extra = dict(extra or {})
         self.horizontal = DraftHead(self.hidden, self.intermediate)
         self.vertical = DraftHead(self.hidden, self.vertical_intermediate,
-                                  inputs=VERTICAL_LEFT_INPUTS if self.vertical_left else 2)
+                                  inputs=VERTICAL_INPUTS[self.vertical_left])
 
     @classmethod
     def for_model(cls, model, intermediate: int | None = None, **extra) -> "DraftHeads":
         return cls(model.family, model.hidden_size, model.image_vocab_size, model.default_grid, intermediate, extra)
 
     @property
-    def vertical_left(self) -> bool:
-        """Whether Hv also reads the token drafted on the left of the cell it drafts (a row drafted cell by
-        cell) and the cell above-right of it."""
-        return str(self.extra.get("vertical_left", "0")) == "1"
+    def vertical_left(self) -> int:
+        """0: Hv reads the row above only; 1: also the token drafted on the left of the cell it drafts (a row
+        drafted cell by cell) and the cell above-right of it; 2: also the token two to the left and the cell
+        above-left."""
+        return int(self.extra.get("vertical_left", "0"))
 
     @property
     def vertical_intermediate(self) -> int:
@@ -105,12 +111,12 @@ class DraftHeads(nn.Module):
         save_file(tensors, str(path), metadata=self.metadata())
 
 
-def expected_shapes(hidden: int, intermediate: int, vertical_left: bool = False,
+def expected_shapes(hidden: int, intermediate: int, vertical_left: int = 0,
                     vertical_intermediate: int | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor of a heads file and its shape, from the sizes in its metadata."""
     out = {}
     for head, inputs, inter in (("horizontal", 2, intermediate),
-                                ("vertical", VERTICAL_LEFT_INPUTS if vertical_left else 2,
+                                ("vertical", VERTICAL_INPUTS[int(vertical_left)],
                                  vertical_intermediate or intermediate)):
         out.update({f"{head}.fuse.weight": (hidden, inputs * hidden), f"{head}.norm.weight": (hidden,),
                     f"{head}.gate.weight": (inter, hidden), f"{head}.up.weight": (inter, hidden),
@@ -118,7 +124,7 @@ def expected_shapes(hidden: int, intermediate: int, vertical_left: bool = False,
     return out
 
 
-def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int, vertical_left: bool = False,
+def check_shapes(name: str, tensors: dict, hidden: int, intermediate: int, vertical_left: int = 0,
                  vertical_intermediate: int | None = None) -> None:
     """One short line naming the first tensor that is missing, extra or of the wrong shape."""
     want = expected_shapes(hidden, intermediate, vertical_left, vertical_intermediate)
@@ -173,10 +179,10 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     if meta.get("vertical_shift", "0") not in ("0", "1"):
         raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
                        "the pack reads 0 or 1: retrain the heads or update the pack")
-    if meta.get("vertical_left", "0") not in ("0", "1"):
+    if meta.get("vertical_left", "0") not in ("0", "1", "2"):
         raise SSDError(f"{path.name} has vertical_left {meta.get('vertical_left')!r} in its metadata; this version of "
-                       "the pack reads 0 or 1: retrain the heads or update the pack")
-    check_shapes(path.name, tensors, hidden, inter, meta.get("vertical_left") == "1", v_inter)  # before the network is built
+                       "the pack reads 0, 1 or 2: retrain the heads or update the pack")
+    check_shapes(path.name, tensors, hidden, inter, int(meta.get("vertical_left", "0")), v_inter)  # before the network is built
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}
     heads = DraftHeads(family, hidden, vocab, grid, inter,

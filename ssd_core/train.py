@@ -51,8 +51,8 @@ class TrainConfig:
     until: float | None = None  # stop at this time (time.time()): features of the grids done in 60% of the time
     #                             left, then the one-cycle lr schedule runs on the time left
     checkpoint_every: int = 0  # every this many steps: held-out expected acceptance logged, heads saved (0 = off)
-    vertical_left: bool = False  # Hv also reads the token drafted on the left of the cell it drafts (and the cell
-    #                              above-right of it)
+    vertical_left: int = 0  # 1: Hv also reads the token drafted on the left of the cell it drafts (and the cell
+    #                         above-right of it); 2: also the token two to the left and the cell above-left
     vertical_shift: int = 0  # Hv reads the row above this many columns right (1: the cell above the drafted cell)
     init: str | None = None  # a heads file for this model to start from (warm start) instead of random weights
     train: str = "both"  # which heads learn: both, vertical (Hh kept as it starts) or horizontal
@@ -77,6 +77,11 @@ class TrainConfig:
         if self.vertical_shift not in (0, 1) or isinstance(self.vertical_shift, bool):
             raise SSDError(f"train-heads vertical_shift must be 0 (the paper's Hv input) or 1 (the cell above the "
                            f"drafted cell), got {self.vertical_shift}")
+        if self.vertical_left not in (0, 1, 2):  # (True / False: 1 / 0)
+            raise SSDError(f"train-heads vertical_left must be 0 (Hv reads the row above), 1 (also the token on the "
+                           f"left, the cell above-right) or 2 (also the token two to the left, the cell above-left), "
+                           f"got {self.vertical_left}")
+        self.vertical_left = int(self.vertical_left)
         if self.train not in ("both", "vertical", "horizontal"):
             raise SSDError(f"train-heads train must be both, vertical or horizontal, got {self.train!r}")
         if self.train != "both" and self.init is None:
@@ -393,7 +398,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     heads = accel.unwrap_model(heads).eval()
     report = {"samples": int(h_train.shape[0]), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
               "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
-              "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "vertical_left": int(cfg.vertical_left),
+              "ce_weight": cfg.ce_weight, "stale_share": cfg.stale_share, "vertical_left": cfg.vertical_left,
               "vertical_shift": cfg.vertical_shift, "init": Path(cfg.init).name if cfg.init else "random",
               "tv_weight": cfg.tv_weight,
               "trained": cfg.train,
@@ -410,9 +415,9 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
 
 def start_heads(model, cfg: TrainConfig) -> DraftHeads:
     """Fresh heads for `model` (cfg.vertical_shift, cfg.vertical_left, cfg.vertical_intermediate), with random
-    weights or those of the heads file cfg.init. A plain Hv warm-starts a vertical_left one as itself: the new
-    inputs' weights start at 0; a wider Hv starts as the init's too: its new units' output weights start at 0."""
-    extra = {"vertical_shift": cfg.vertical_shift, "vertical_left": int(cfg.vertical_left)}
+    weights or those of the heads file cfg.init. An Hv warm-starts one that reads more (vertical_left) as itself:
+    the new inputs' weights start at 0; a wider Hv starts as the init's too: its new units' output weights start at 0."""
+    extra = {"vertical_shift": cfg.vertical_shift, "vertical_left": cfg.vertical_left}
     if cfg.init is None:
         if cfg.vertical_intermediate is not None:
             extra["vertical_intermediate_size"] = cfg.vertical_intermediate
@@ -424,9 +429,10 @@ def start_heads(model, cfg: TrainConfig) -> DraftHeads:
     if cfg.intermediate is not None and cfg.intermediate != start.intermediate:
         raise SSDError(f"train-heads init {Path(cfg.init).name} has intermediate size {start.intermediate}, not "
                        f"{cfg.intermediate}: leave the size out to keep the file's, or start from random weights")
-    if start.vertical_left and not cfg.vertical_left:
+    if start.vertical_left > cfg.vertical_left:
         raise SSDError(f"train-heads init {Path(cfg.init).name} has an Hv that reads the token on its left "
-                       "(vertical_left): train with --vertical-left, or start from other heads")
+                       f"(vertical_left {start.vertical_left}): train with --vertical-left {start.vertical_left} (or "
+                       "more), or start from other heads")
     width = cfg.vertical_intermediate or start.vertical_intermediate
     if width < start.vertical_intermediate:
         raise SSDError(f"train-heads init {Path(cfg.init).name} has an Hv of width {start.vertical_intermediate}, wider "
@@ -436,7 +442,7 @@ def start_heads(model, cfg: TrainConfig) -> DraftHeads:
         extra["vertical_intermediate_size"] = width
     heads = DraftHeads.for_model(model, start.intermediate, **extra)
     weights, fresh = start.state_dict(), heads.state_dict()
-    fuse = weights["vertical.fuse.weight"]  # [d, 2d] or [d, 5d]
+    fuse = weights["vertical.fuse.weight"]  # [d, 2d], [d, 5d] or [d, 8d]: inputs appended at the end
     weights["vertical.fuse.weight"] = torch.cat([fuse, fuse.new_zeros(fuse.shape[0], heads.vertical.fuse.in_features
                                                                       - fuse.shape[1])], dim=1)
     for name in ("vertical.gate.weight", "vertical.up.weight"):  # new units: fresh input weights [width, d]

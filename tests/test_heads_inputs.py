@@ -72,6 +72,41 @@ def test_vertical_left_drafts_each_cell_from_the_token_drafted_on_its_left(tiny,
     assert torch.allclose(off[0, :, 0], run.features[:, row1[:W - 1]], atol=1e-5)
 
 
+@pytest.mark.parametrize("shift", [0, 1])
+def test_vertical_left_2_also_reads_the_token_before_and_the_cell_above_left(tiny, tmp_path, shift):
+    model, _ = tiny
+    torch.manual_seed(5)
+    DraftHeads.for_model(model, vertical_left=2, vertical_shift=shift).save(tmp_path / "left2.safetensors")
+    heads = ssd_core.load_heads(tmp_path / "left2.safetensors", model)
+    assert heads.vertical_left == 2 and heads.vertical.fuse.weight.shape == (model.hidden_size, 8 * model.hidden_size)
+    layout = model.layout(None)
+    assert layout.row_stride > layout.grid[1]  # a row-end slot: the first column's token before is that slot's
+    run, seen = drafted_rows(model, heads, rows=3)
+    W = layout.grid[1]
+    e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
+    cell = layout.slot_of_cell.view(*layout.grid)
+    with torch.no_grad():
+        for y in (1, 2):
+            for x in range(W):  # the feature at (y, x) drafts the next slot
+                up, right, upleft = (int(cell[y - 1, min(max(x + shift + k, 0), W - 1)]) for k in (0, 1, -1))
+                t = int(cell[y, x])
+                f = heads.vertical(run.features[:, up], e[up], e[t], run.features[:, right], e[right], e[t - 1],
+                                   run.features[:, upleft], e[upleft])
+                assert torch.allclose(run.features[:, t], f, atol=1e-5)
+                if x < W - 1:
+                    want = run.logp(model.image_logits(f[:, None]), cell[y, x + 1:x + 2], "heads")[0]
+                    assert torch.allclose(seen[int(cell[y, x + 1])], want, atol=1e-5)
+                moved = heads.vertical(run.features[:, up], e[up], e[t], run.features[:, right], e[right],
+                                       e[t - 1].roll(1), run.features[:, upleft], e[upleft])  # another token before
+                assert not torch.allclose(model.image_logits(moved), model.image_logits(f), atol=1e-4)
+    h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]
+    off = vertical_drafts(heads, h, e[None], layout, all_columns=True)  # the offline drafts: the same features
+    assert torch.allclose(off[0, :, :2], run.features[:, cell[1:3]], atol=1e-5)
+    ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=4)
+    assert torch.equal(ssd_core.generate(model, heads, prompt=1, decoder="ssd-exact", seed=4).tokens, ar.tokens)
+    assert ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=4).trace.steps < layout.num_slots
+
+
 def test_every_decoder_runs_with_vertical_left_heads(tiny, left_heads):
     model, _ = tiny
     L = model.layout(None).num_slots
@@ -96,8 +131,18 @@ def test_a_plain_hv_warm_starts_a_vertical_left_one_as_itself(tiny, tmp_path):
         assert torch.allclose(vertical_drafts(heads, h, e, layout), vertical_drafts(plain, h, e, layout), atol=1e-6)
     left = tmp_path / "left.safetensors"
     heads.save(left)
-    with pytest.raises(SSDError, match="--vertical-left"):
+    with pytest.raises(SSDError, match="--vertical-left 1"):
         start_heads(model, TrainConfig(samples=4, init=str(left)))
+    more = start_heads(model, TrainConfig(samples=4, init=str(left), vertical_left=2))  # 1 -> 2: as itself too
+    assert more.vertical_left == 2
+    with torch.no_grad():
+        assert torch.allclose(vertical_drafts(more, h, e, layout), vertical_drafts(plain, h, e, layout), atol=1e-6)
+    more.save(tmp_path / "left2.safetensors")
+    with pytest.raises(SSDError, match="vertical_left 2.*--vertical-left 2"):
+        start_heads(model, TrainConfig(samples=4, init=str(tmp_path / "left2.safetensors"), vertical_left=1))
+    for bad in (3, -1, 1.5):
+        with pytest.raises(SSDError, match="vertical_left must be 0 .* got"):
+            TrainConfig(samples=4, vertical_left=bad)
 
 
 def test_a_heads_file_with_a_bad_vertical_left_is_refused(tiny, left_heads, tmp_path):
@@ -106,8 +151,8 @@ def test_a_heads_file_with_a_bad_vertical_left_is_refused(tiny, left_heads, tmp_
     model, plain = tiny
     meta = plain.metadata()
     tensors = {k: v.contiguous() for k, v in plain.state_dict().items()}
-    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={**meta, "vertical_left": "2"})
-    with pytest.raises(SSDError, match="vertical_left '2'"):
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={**meta, "vertical_left": "3"})
+    with pytest.raises(SSDError, match="vertical_left '3'.* reads 0, 1 or 2"):
         ssd_core.load_heads(tmp_path / "bad.safetensors", model)
     save_file(tensors, str(tmp_path / "short.safetensors"), metadata={**meta, "vertical_left": "1"})
     with pytest.raises(SSDError, match=r"vertical.fuse.weight of shape .* vertical_left 1\) needs"):

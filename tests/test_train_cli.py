@@ -95,10 +95,10 @@ def test_cli_generate_bench_and_errors(tmp_path):
     save_file({"tokens": torch.randint(0, 16, (6, 5, 5)), "classes": torch.tensor([0, 1, 2, 0, 1, 2])},
               str(tmp_path / "grids.safetensors"))
     from_file = _cli("train-heads", "--model", folder, "--out", tmp_path / "f.safetensors", "--grids",
-                     tmp_path / "grids.safetensors", "--heldout", 2, "--epochs", 1, "--vertical-left")
+                     tmp_path / "grids.safetensors", "--heldout", 2, "--epochs", 1, "--vertical-left", 2)
     assert from_file.returncode == 0, from_file.stderr
     assert '"samples": 4' in from_file.stdout and "generating" not in from_file.stdout
-    assert ssd_core.load_heads(tmp_path / "f.safetensors", model).vertical_left
+    assert ssd_core.load_heads(tmp_path / "f.safetensors", model).vertical_left == 2
     bad = _cli("train-heads", "--model", folder, "--out", tmp_path / "g.safetensors", "--grids", heads)
     assert bad.returncode == 2 and "needs the tensors 'tokens'" in bad.stderr
 

@@ -54,16 +54,18 @@ def draft(run: Run, target: int, pick) -> None:
 
 def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None) -> torch.Tensor:
     """A chain along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
-    slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code))
-    (default Hh(prev, e(code)); `_left_step` for a vertical_left Hv); the features are written. -> codes [hi - lo]."""
-    picked = []
+    slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code),
+    e(code before it in the chain, None at lo)) (default Hh(prev, e(code)); `_left_step` for a vertical_left Hv); the
+    features are written. -> codes [hi - lo]."""
+    picked, before = [], None
     for t in range(lo, hi):
         code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
                     run.rank[t] + 1)
         picked.append(code)
         token = _embed(run, run.id_of_code[code])[0]
         with torch.no_grad():
-            prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token)
+            prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
+        before = token
         run.features[:, t] = prev
         run.head_calls += 1
     return torch.cat(picked)
@@ -71,18 +73,24 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None) -> t
 
 def _above(run: Run, t: int, right: int = 0) -> int:
     """The slot in the row above that Hv reads for the feature at slot t (heads.vertical_shift columns right,
-    plus `right`; at most the row above's last image cell)."""
+    plus `right`; within the row above's image cells)."""
     stride = run.layout.row_stride
-    last = (t // stride) * stride - stride + run.layout.grid[1] - 1
-    return min(t - stride + run.heads.vertical_shift + right, last)
+    first = (t // stride) * stride - stride
+    return max(first, min(t - stride + run.heads.vertical_shift + right, first + run.layout.grid[1] - 1))
 
 
-def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
     """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1), below the first row: from the row
-    above and t's token embedding [d] (not from prev, the feature on the left)."""
-    up, right = _above(run, t), _above(run, t, 1)
-    e = _embed(run, run.ids[[up, right]])  # [2, d]
-    return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
+    above and t's token embedding [d] (not from prev, the feature on the left); vertical_left 2 also reads the
+    token of slot t - 1 (`before`, drafted just before in this chain; None: the slot's id) and the cell above-left."""
+    up, right, upleft = _above(run, t), _above(run, t, 1), _above(run, t, -1)
+    if run.heads.vertical_left < 2:
+        e = _embed(run, run.ids[[up, right]])  # [2, d]
+        return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
+    e = _embed(run, run.ids[[up, right, upleft] + ([t - 1] if before is None else [])])  # [3 or 4, d]
+    before = e[3] if before is None else before
+    return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1], before,
+                              run.features[:, upleft], e[2])
 
 
 def reanchor_row(run: Run, k: int, cells: int) -> None:

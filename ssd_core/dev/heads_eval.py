@@ -14,4 +14,4 @@ keys = ("expected_acceptance", "expected_acceptance_stale", "horizontal_row0_exp
 for path in sys.argv[2:]:
     heads = ssd_core.load_heads(path, m)
     a = heads_acceptance(m, heads, h, ids, lay, s, h_stale=hs)
-    print(path, "vertical_left" if heads.vertical_left else "plain", json.dumps({k: a[k] for k in keys}), flush=True)
+    print(path, f"vertical_left {heads.vertical_left}", json.dumps({k: a[k] for k in keys}), flush=True)
