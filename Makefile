@@ -45,12 +45,12 @@ test-engine-457:
 # features stored in build/heads/ (3.4 GB); held-out acceptance logged and heads saved every 100 steps;
 # HEADS_UNTIL=HH:MM bounds it in time (features of the grids done in 60% of the time left, then a one-cycle lr
 # schedule on the rest; HEADS_STEPS stays a cap). By default Hv only (HEADS_TRAIN), reading the cell above the
-# drafted cell (HEADS_SHIFT 1) and the token drafted on its left (HEADS_LEFT 1: `--vertical-left`),
-# warm-started from the bundled heads (HEADS_INIT), whose Hh it keeps; Hv's MLP HEADS_VWIDTH wide, trained on its
-# expected rejection (HEADS_TV) without the KL (HEADS_KL).
-# Run as `make -o install heads` in a ready venv. The shipped heads: `make -o install heads HEADS_UNTIL=14:35
-# HEADS_STEPS=100000` (2 threads; the stored features of all 5,463 grids, then 2,003 steps, 69 min), held-out
-# expected acceptance 0.741 (the previous heads 0.708; README, "What decides acceptance").
+# drafted cell (HEADS_SHIFT 1), the two tokens drafted on its left and the cells above-left and above-right
+# (HEADS_LEFT 2: `--vertical-left 2`), warm-started from the bundled heads (HEADS_INIT), whose Hh it keeps; Hv's
+# MLP HEADS_VWIDTH wide, trained on its expected rejection (HEADS_TV) without the KL (HEADS_KL).
+# Run as `make -o install heads` in a ready venv. The shipped heads: `make -o install heads HEADS_UNTIL=17:20
+# HEADS_STEPS=100000` (2 threads; the stored features of all 5,463 grids, then 2,207 steps, 76 min), held-out
+# expected acceptance 0.776 (the previous heads 0.741; README, "What decides acceptance").
 HEADS_COPIES ?= 8
 HEADS_SAMPLES ?= 0
 HEADS_STEPS ?= 600
@@ -60,7 +60,7 @@ HEADS_INIT ?= ssd_core/reference/model/heads.safetensors
 HEADS_TRAIN ?= vertical
 HEADS_SHIFT ?= 1
 HEADS_BATCH ?= 16
-HEADS_LEFT ?= 1
+HEADS_LEFT ?= 2
 HEADS_LR ?= 1e-3
 HEADS_VWIDTH ?= 1024
 HEADS_TV ?= 2
@@ -74,7 +74,7 @@ heads: install
 		--grids build/heads/data_grids.safetensors --samples $(HEADS_SAMPLES) --gen-batch 32 \
 		--heldout-grids build/heads/heldout_grids.safetensors --batch $(HEADS_BATCH) --epochs 100 --max-steps $(HEADS_STEPS) \
 		$(if $(HEADS_INIT),--init $(HEADS_INIT)) --train $(HEADS_TRAIN) --vertical-shift $(HEADS_SHIFT) \
-		$(if $(filter 1,$(HEADS_LEFT)),--vertical-left) --lr $(HEADS_LR) \
+		--vertical-left $(HEADS_LEFT) --lr $(HEADS_LR) \
 		$(if $(HEADS_VWIDTH),--vertical-intermediate $(HEADS_VWIDTH)) --tv-weight $(HEADS_TV) --kl-weight $(HEADS_KL) \
 		--checkpoint-every 100 $(if $(HEADS_UNTIL),--until $(HEADS_UNTIL)) --features build/heads/features.safetensors --out build/heads/heads.safetensors
 
