@@ -179,7 +179,7 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     if meta.get("vertical_shift", "0") not in ("0", "1"):
         raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
                        "the pack reads 0 or 1: retrain the heads or update the pack")
-    if meta.get("vertical_left", "0") not in ("0", "1", "2"):
+    if meta.get("vertical_left", "0") not in {str(level) for level in VERTICAL_INPUTS}:
         raise SSDError(f"{path.name} has vertical_left {meta.get('vertical_left')!r} in its metadata; this version of "
                        "the pack reads 0, 1 or 2: retrain the heads or update the pack")
     check_shapes(path.name, tensors, hidden, inter, int(meta.get("vertical_left", "0")), v_inter)  # before the network is built

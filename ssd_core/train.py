@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
 from .errors import SSDError
-from .heads import DraftHeads
+from .heads import VERTICAL_INPUTS, DraftHeads
 from .sampling import SamplerSettings, guide, sample_logits, settings_from
 from .session import Layout, stack_prompts
 
@@ -77,7 +77,7 @@ class TrainConfig:
         if self.vertical_shift not in (0, 1) or isinstance(self.vertical_shift, bool):
             raise SSDError(f"train-heads vertical_shift must be 0 (the paper's Hv input) or 1 (the cell above the "
                            f"drafted cell), got {self.vertical_shift}")
-        if self.vertical_left not in (0, 1, 2):  # (True / False: 1 / 0)
+        if self.vertical_left not in VERTICAL_INPUTS:  # the levels heads.py knows (True / False: 1 / 0)
             raise SSDError(f"train-heads vertical_left must be 0 (Hv reads the row above), 1 (also the token on the "
                            f"left, the cell above-right) or 2 (also the token two to the left, the cell above-left), "
                            f"got {self.vertical_left}")

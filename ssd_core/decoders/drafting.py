@@ -83,10 +83,11 @@ def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before
     """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1), below the first row: from the row
     above and t's token embedding [d] (not from prev, the feature on the left); vertical_left 2 also reads the
     token of slot t - 1 (`before`, drafted just before in this chain; None: the slot's id) and the cell above-left."""
-    up, right, upleft = _above(run, t), _above(run, t, 1), _above(run, t, -1)
+    up, right = _above(run, t), _above(run, t, 1)
     if run.heads.vertical_left < 2:
         e = _embed(run, run.ids[[up, right]])  # [2, d]
         return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
+    upleft = _above(run, t, -1)
     e = _embed(run, run.ids[[up, right, upleft] + ([t - 1] if before is None else [])])  # [3 or 4, d]
     before = e[3] if before is None else before
     return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1], before,
