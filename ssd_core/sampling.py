@@ -195,8 +195,19 @@ def gumbel(seed: int, slots: torch.Tensor, vocab: int) -> torch.Tensor:
     base = _mix(key ^ (slots.long() * _signed(0xD1B54A32D192ED03)))
     codes = torch.arange(vocab, dtype=torch.long, device=slots.device)
     bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
-    u = (shr53(bits).double() + 0.5) / float(1 << 53)  # uniform in (0, 1)
-    return (-torch.log(-torch.log(u))).float()
+    return gumbel_of(shr53(bits))
+
+
+def gumbel_of(m: torch.Tensor) -> torch.Tensor:
+    """float32 -log(-log(u)) of u = (m + 1/2) / 2^53 for whole numbers m [..] in [0, 2^53), without float64
+    (Apple's mps has none): -log(u) comes from u itself below 1/2 and from 1 - u, an exact whole number
+    before it is rounded, above (log1p), so the Gumbel tail that decides an argmax keeps float32's precision.
+    Within a few float32 ulps of the float64 formula."""
+    half = 1 << 52
+    u = (m.float() + 0.5) * 2.0 ** -53  # uniform in (0, 1)
+    rest = (((1 << 53) - m).float() - 0.5) * 2.0 ** -53  # 1 - u
+    e = torch.where(m < half, -torch.log(u), -torch.log1p(-rest))  # -log(u) > 0
+    return -torch.log(e)
 
 
 def _mix_int(x: int) -> int:
