@@ -3,9 +3,13 @@
 The choice is made at call time, so the node classes work inside ComfyUI and in plain tests.
 Outside ComfyUI the model folders come from the environment variables ``SSD_MODELS_DIR`` and
 ``SSD_HEADS_DIR`` (``os.pathsep``-separated lists); progress, previews and events are dropped.
+A module that imports but lacks what the glue needs (e.g. a folder named ``comfy`` on ``sys.path``, which
+Python imports as an empty namespace package) counts as absent too: the stand-in is used.
 """
 
+import importlib
 import os
+import sys
 import time
 import weakref
 
@@ -16,12 +20,18 @@ BUNDLED = "reference"
 NO_HEADS = "none"
 
 
-def _folder_paths():
+def _module(name, *needs):
+    """ComfyUI's module ``name`` when it imports and has every attribute in ``needs``; else None (outside
+    ComfyUI, or a stray module or folder of that name that is not ComfyUI's)."""
     try:
-        import folder_paths
+        mod = importlib.import_module(name)
     except ImportError:
         return None
-    return folder_paths
+    return mod if all(hasattr(mod, n) for n in needs) else None
+
+
+def _folder_paths():
+    return _module("folder_paths", "models_dir", "folder_names_and_paths", "get_folder_paths")
 
 
 def register_folders():
@@ -54,9 +64,39 @@ def folder_dirs(key):
     return [p for p in env.split(os.pathsep) if p]
 
 
+MAX_DEPTH = 8  # folders below a models folder that the lists look into (a Hub repo id + file is 3-4)
+MAX_DIRS = 20000  # folders one listing looks into at most
+
+
+def _dir_key(path):
+    """What identifies a real folder: (device, inode), or its real path where the file system has no inodes."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino) if st.st_ino else os.path.realpath(path)
+
+
 def _walk(top):
+    """``os.walk(top)`` following links (a models folder may link to model folders kept elsewhere), sorted and
+    without hidden folders, that looks into each real folder once (links to a parent, or two links to one
+    folder, neither loop nor repeat: a folder reached twice is listed under the first name found), at most
+    MAX_DEPTH folders deep and MAX_DIRS folders in all: the lists are built for every /object_info request."""
+    seen = set()
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        try:
+            key = _dir_key(dirpath)
+        except (OSError, ValueError):
+            dirnames[:] = []
+            continue
+        if key in seen:
+            dirnames[:] = []
+            continue
+        seen.add(key)
+        if len(seen) > MAX_DIRS:
+            print(f"[SSD] stopped listing {top} after {MAX_DIRS} folders: keep models and heads fewer folders "
+                  f"deep, or link to their folders rather than to a large tree", file=sys.stderr)
+            return
+        rel = os.path.relpath(dirpath, top)
+        depth = 0 if rel == os.curdir else rel.count(os.sep) + 1
+        dirnames[:] = [] if depth >= MAX_DEPTH else sorted(d for d in dirnames if not d.startswith("."))
         yield dirpath, dirnames, filenames
 
 
@@ -145,28 +185,19 @@ def torch_device(choice):
         return torch.device("cuda")
     if choice != "auto":
         raise ValueError(f"unknown device '{choice}': pick auto, cpu or cuda.")
-    try:
-        import comfy.model_management as mm
-    except ImportError:
-        return torch.device("cpu")
-    return mm.get_torch_device()
+    mm = _module("comfy.model_management", "get_torch_device")
+    return torch.device("cpu") if mm is None else mm.get_torch_device()
 
 
 def processing_interrupted():
-    try:
-        import comfy.model_management as mm
-    except ImportError:
-        return False
-    return bool(mm.processing_interrupted())
+    mm = _module("comfy.model_management", "processing_interrupted")
+    return False if mm is None else bool(mm.processing_interrupted())
 
 
 def interrupt_exception():
     """ComfyUI's exception for a cancelled run (a plain stand-in outside ComfyUI)."""
-    try:
-        import comfy.model_management as mm
-    except ImportError:
-        return InterruptedError
-    return mm.InterruptProcessingException
+    mm = _module("comfy.model_management", "InterruptProcessingException")
+    return InterruptedError if mm is None else mm.InterruptProcessingException
 
 
 def weights_bytes(path):
@@ -185,9 +216,8 @@ def make_room(nbytes, device):
     """Before a model goes to a GPU, ask ComfyUI to unload its own models until ``nbytes`` fit."""
     if nbytes <= 0 or getattr(device, "type", str(device)) == "cpu":
         return False
-    try:
-        import comfy.model_management as mm
-    except ImportError:
+    mm = _module("comfy.model_management", "free_memory")
+    if mm is None:
         return False
     mm.free_memory(int(nbytes * 1.2), device)
     return True
@@ -197,19 +227,16 @@ def free_vram(device):
     """Free bytes on a GPU as ComfyUI counts them (torch's figure outside ComfyUI)."""
     import torch
 
-    try:
-        import comfy.model_management as mm
-    except ImportError:
+    mm = _module("comfy.model_management", "get_free_memory")
+    if mm is None:
         return torch.cuda.mem_get_info(device)[0] if torch.device(device).type == "cuda" else None
     return int(mm.get_free_memory(device))
 
 
 def soft_empty_cache():
-    try:
-        import comfy.model_management as mm
-    except ImportError:
-        return
-    mm.soft_empty_cache()
+    mm = _module("comfy.model_management", "soft_empty_cache")
+    if mm is not None:
+        mm.soft_empty_cache()
 
 
 class Progress:
@@ -224,16 +251,10 @@ class Progress:
         self.bar_interval = bar_interval
         self._last_send = 0.0
         self._last_bar = 0.0
-        try:
-            import comfy.utils
-            self.bar = comfy.utils.ProgressBar(total)
-        except ImportError:
-            self.bar = None
-        try:
-            from server import PromptServer
-            self.server = PromptServer.instance
-        except (ImportError, AttributeError):
-            self.server = None
+        utils = _module("comfy.utils", "ProgressBar")
+        self.bar = None if utils is None else utils.ProgressBar(total)
+        server = _module("server", "PromptServer")
+        self.server = None if server is None else getattr(server.PromptServer, "instance", None)
 
     def update(self, value, total, preview=None):
         if self.bar is None or processing_interrupted():
@@ -282,10 +303,9 @@ def manage(model, device):
     so that ComfyUI unloads it when another model needs the memory and on "Unload models" / POST /free.
     None outside ComfyUI, and for a quantized or device-mapped model (its weights cannot be moved)."""
     _HELD.add(model)
-    try:
-        import comfy.model_management as mm
-        import comfy.model_patcher as mp
-    except ImportError:
+    mm = _module("comfy.model_management", "load_models_gpu", "unet_offload_device", "module_size")
+    mp = _module("comfy.model_patcher", "ModelPatcher")
+    if mm is None or mp is None:
         return None
     from ..ssd_core.memory import is_placed
 
@@ -309,31 +329,24 @@ def load_to_device(patcher):
 
 
 def held_models():
-    """What the pack holds now: each live engine model, its device, and whether ComfyUI has it loaded."""
-    import gc
-
-    gc.collect()
-    try:
-        import comfy.model_management as mm
-
-        loaded = {id(m.model.model.inner) for m in mm.current_loaded_models
-                  if m.model is not None and hasattr(m.model.model, "inner")}
-    except ImportError:
-        loaded = set()
+    """What the pack holds now: each live engine model, its device, and whether ComfyUI has it loaded.
+    Cheap enough for the server's event loop: no garbage collection here (a full gc.collect takes ~0.5 s and
+    would stall every other request); ComfyUI's prompt worker collects after unloading models (POST /free)."""
+    mm = _module("comfy.model_management", "current_loaded_models")
+    loaded = set() if mm is None else {
+        id(m.model.model.inner) for m in list(mm.current_loaded_models)
+        if getattr(m, "model", None) is not None and hasattr(m.model.model, "inner")}
     return [{"family": getattr(m, "family", "?"), "device": str(m.device), "loaded_in_comfyui": id(m.model) in loaded}
             for m in list(_HELD)]
 
 
 def register_routes():
     """GET /ssd/models: held_models() as JSON (what the pack keeps in memory)."""
-    try:
-        from aiohttp import web
-        from server import PromptServer
-    except ImportError:
-        return
-    if getattr(PromptServer, "instance", None) is None:
+    web = _module("aiohttp.web", "json_response")
+    server = _module("server", "PromptServer")
+    if web is None or server is None or getattr(server.PromptServer, "instance", None) is None:
         return
 
-    @PromptServer.instance.routes.get("/ssd/models")
+    @server.PromptServer.instance.routes.get("/ssd/models")
     async def _held(request):
         return web.json_response({"models": held_models()})

@@ -25,6 +25,24 @@ SMALL = "12x12"  # a smaller grid for the node checks that do not need the model
 
 
 # ---- the pack as ComfyUI imports it ---------------------------------------------------------------------------
+class _RootIsAFolder:
+    """pytest collects a folder holding an __init__.py as a package and imports it with the folder ABOVE it first
+    on sys.path: the repo root is the pack, so the clone's siblings (a ComfyUI checkout's `comfy` next to it,
+    say) would become importable and shadow the stand-ins. The root is collected as a plain folder instead;
+    the pack itself is imported by load_pack, from its own folder only."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collect_directory(self, path, parent):
+        if Path(path).resolve() == ROOT:
+            return pytest.Dir.from_parent(parent, path=Path(path))
+        return None
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("ssd-root-is-a-folder"):
+        config.pluginmanager.register(_RootIsAFolder(), "ssd-root-is-a-folder")
+
+
 def load_pack(name=PACK):
     """The repo root imported as a package (as ComfyUI does), without ComfyUI; returns its `nodes` module."""
     if name not in sys.modules:

@@ -1,0 +1,197 @@
+"""The ComfyUI side under hostile folders and inputs (issue 29): model folders with link loops, GET /ssd/models
+on the server's event loop, and a folder named `comfy` next to the clone (a ComfyUI checkout) that must not
+shadow the stand-ins."""
+import asyncio
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from conftest import ROOT, load_pack, pack_module
+
+nodes = load_pack()
+core = pack_module("ssd_core")
+comfy_glue = pack_module("nodes._comfy")
+
+needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or sys.platform == "win32",
+                                    reason="symlinks need privileges on Windows")
+
+
+def finishes(fn, seconds):
+    """fn() in a thread: (True, its result) when it returns within `seconds`, else (False, None)."""
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    return (not t.is_alive()), out.get("value")
+
+
+# ---- 1. the model and heads lists under link loops -------------------------------------------------------------
+@needs_symlinks
+def test_lists_finish_under_link_loops_and_list_linked_models_once(tmp_path, monkeypatch):
+    models, heads, store = tmp_path / "ssd_models", tmp_path / "ssd_heads", tmp_path / "store"
+    (models / "org" / "Emu3-Gen").mkdir(parents=True)
+    (models / "org" / "Emu3-Gen" / "config.json").write_text("{}")
+    (store / "Janus-Pro-7B").mkdir(parents=True)
+    (store / "Janus-Pro-7B" / "config.json").write_text("{}")
+    (store / "loop").symlink_to(store)  # a loop inside the linked-to tree too
+    os.symlink(".", models / "a")  # a -> ., b -> .: 2^40 paths without a loop check
+    os.symlink(".", models / "b")
+    os.symlink("..", models / "org" / "up")
+    os.symlink(store / "Janus-Pro-7B", models / "linked")
+    os.symlink(store, models / "more")  # reaches Janus-Pro-7B again: listed once, as "linked"
+    (heads / "repo" / "v1").mkdir(parents=True)
+    (heads / "x.safetensors").write_text("x")
+    (heads / "repo" / "v1" / "h.safetensors").write_text("x")
+    (store / "heads").mkdir()
+    (store / "heads" / "e.safetensors").write_text("x")
+    os.symlink(".", heads / "a")
+    os.symlink(".", heads / "b")
+    os.symlink("../..", heads / "repo" / "v1" / "up")
+    os.symlink(store / "heads", heads / "ext")
+    monkeypatch.setenv("SSD_MODELS_DIR", str(models))
+    monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
+    start = time.monotonic()
+    done, found = finishes(lambda: (comfy_glue.model_choices(), comfy_glue.heads_choices()), 20)
+    assert done, "listing model folders with link loops did not finish in 20 s (it blocks /object_info)"
+    assert time.monotonic() - start < 5
+    assert found[0] == ["reference", "linked", "org/Emu3-Gen"]
+    assert found[1] == ["reference", "none", "ext/e.safetensors", "repo/v1/h.safetensors", "x.safetensors"]
+    assert comfy_glue.resolve_model("linked") == str(models / "linked")
+
+
+def test_lists_stop_at_a_sane_depth(tmp_path, monkeypatch):
+    models = tmp_path / "ssd_models"
+    shallow = models / "a" / "b" / "c"
+    deep = models.joinpath(*[f"d{i}" for i in range(comfy_glue.MAX_DEPTH + 2)])
+    for d in (shallow, deep):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    monkeypatch.setenv("SSD_MODELS_DIR", str(models))
+    assert comfy_glue.list_model_folders() == ["a/b/c"]
+
+
+# ---- 2. GET /ssd/models does no heavy work on the event loop ------------------------------------------------------
+class _Model:  # what the loader hands manage(): weak-referenceable, with a family and a device
+    family, device, model = "llama-grid", "cpu", None
+
+
+def test_ssd_models_route_does_not_collect_garbage_on_the_event_loop(monkeypatch):
+    routes = {}
+
+    class Routes:
+        def get(self, path):
+            return lambda handler: routes.setdefault(path, handler)
+
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(routes=Routes()))
+    monkeypatch.setitem(sys.modules, "server", server)
+    try:
+        import aiohttp.web  # noqa: F401  (the real json_response when aiohttp is here, as in ComfyUI)
+    except ImportError:
+        web = types.ModuleType("aiohttp.web")
+        web.json_response = lambda data: data
+        aiohttp = types.ModuleType("aiohttp")
+        aiohttp.web = web
+        monkeypatch.setitem(sys.modules, "aiohttp", aiohttp)
+        monkeypatch.setitem(sys.modules, "aiohttp.web", web)
+    on_loop = []
+
+    def collect(*args):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(args)
+        except RuntimeError:
+            pass
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    comfy_glue.register_routes()
+    handler = routes["/ssd/models"]
+    held = _Model()
+    assert comfy_glue.manage(held, "cpu") is None  # outside ComfyUI: listed, not managed
+
+    async def twenty_at_once():
+        start = time.monotonic()
+        answers = await asyncio.gather(*(handler(types.SimpleNamespace()) for _ in range(20)))
+        return answers, time.monotonic() - start
+
+    answers, took = asyncio.run(twenty_at_once())
+    assert on_loop == [], "GET /ssd/models ran gc.collect() on the server's event loop (~0.5 s each)"
+    assert took < 1.0
+    body = answers[0] if isinstance(answers[0], dict) else json.loads(answers[0].text)
+    assert {"family": "llama-grid", "device": "cpu", "loaded_in_comfyui": False} in body["models"]
+
+
+# ---- 5. a folder named `comfy` beside the clone -------------------------------------------------------------------
+@pytest.fixture()
+def stray_comfy(tmp_path, monkeypatch):
+    """Folders `comfy/` (with an empty utils.py), `folder_paths/` and an empty `server.py` first on sys.path, as a
+    ComfyUI checkout beside the clone would be: Python imports them, and they hold nothing ComfyUI's do."""
+    (tmp_path / "comfy").mkdir()
+    (tmp_path / "comfy" / "utils.py").write_text("")
+    (tmp_path / "folder_paths").mkdir()
+    (tmp_path / "server.py").write_text("")
+    names = ("comfy", "comfy.utils", "comfy.model_management", "comfy.model_patcher", "server", "folder_paths")
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in names:  # the imported stray modules go; monkeypatch puts back what was there before
+        sys.modules.pop(name, None)
+
+
+def test_glue_falls_back_to_its_stand_ins_when_comfy_lacks_what_it_needs(stray_comfy, monkeypatch):
+    import torch
+
+    import comfy.utils  # the stray one
+    assert not hasattr(comfy.utils, "ProgressBar")
+    monkeypatch.setenv("SSD_MODELS_DIR", str(stray_comfy / "models"))
+    progress = comfy_glue.Progress(10, "7")
+    assert progress.bar is None and progress.server is None
+    progress.update(5, 10)
+    assert progress.send("ssd.grid", {}, force=True) is False
+    assert comfy_glue.torch_device("auto") == torch.device("cpu")
+    assert comfy_glue.processing_interrupted() is False
+    assert comfy_glue.interrupt_exception() is InterruptedError
+    assert comfy_glue.make_room(1000, torch.device("cuda")) is False
+    assert comfy_glue.free_vram(torch.device("cpu")) is None
+    comfy_glue.soft_empty_cache()
+    assert comfy_glue.folder_dirs(comfy_glue.MODELS_KEY) == [str(stray_comfy / "models")]
+    comfy_glue.register_folders()
+    comfy_glue.register_routes()
+    assert comfy_glue.manage(_Model(), "cpu") is None
+    assert isinstance(comfy_glue.held_models(), list)
+
+
+def test_node_tests_pass_with_a_comfy_folder_beside_the_clone(tmp_path):
+    """The clone at X/clone with X/comfy/utils.py beside it (a ComfyUI checkout next to the clone): pytest must
+    not put X on sys.path, and the sampler node's tests pass there."""
+    clone = tmp_path / "clone"
+    skip = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".hypothesis", "*.pyc")
+    clone.mkdir()
+    for name in ("__init__.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, clone / name)
+    for name in ("nodes", "ssd_core"):
+        shutil.copytree(ROOT / name, clone / name, ignore=skip)
+    (clone / "tests").mkdir()
+    for name in ("conftest.py", "test_nodes_sampler.py"):
+        shutil.copy2(ROOT / "tests" / name, clone / "tests" / name)
+    (tmp_path / "comfy").mkdir()
+    (tmp_path / "comfy" / "utils.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SSD_MODELS_DIR", "SSD_HEADS_DIR")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_nodes_sampler.py",
+         "-k", "test_sampler_grid_option or test_cancel_outside_comfyui"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "2 passed" in proc.stdout, tail
