@@ -1,6 +1,6 @@
 """The ComfyUI side under hostile folders and inputs (issue 29): model folders with link loops, GET /ssd/models
-on the server's event loop, and a folder named `comfy` next to the clone (a ComfyUI checkout) that must not
-shadow the stand-ins."""
+on the server's event loop, Hub ids and files of any length, failed downloads, and a folder named `comfy` next
+to the clone (a ComfyUI checkout) that must not shadow the stand-ins."""
 import asyncio
 import gc
 import json
@@ -18,6 +18,7 @@ from conftest import ROOT, load_pack, pack_module
 
 nodes = load_pack()
 core = pack_module("ssd_core")
+hub = pack_module("ssd_core.hub")
 comfy_glue = pack_module("nodes._comfy")
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or sys.platform == "win32",
@@ -128,6 +129,112 @@ def test_ssd_models_route_does_not_collect_garbage_on_the_event_loop(monkeypatch
     assert took < 1.0
     body = answers[0] if isinstance(answers[0], dict) else json.loads(answers[0].text)
     assert {"family": "llama-grid", "device": "cpu", "loaded_in_comfyui": False} in body["models"]
+
+
+# ---- 3. Hub ids and files of any length: one clear line before any file system use -------------------------------
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize("repo, file, match", [
+    (LONG, "heads.safetensors", "owner/name"),
+    ("owner/" + LONG, "heads.safetensors", "owner/name"),
+    (LONG + "/name", "heads.safetensors", "owner/name"),
+    ("own er/name", "heads.safetensors", "owner/name"),
+    ("owner/na\x00me", "heads.safetensors", "owner/name"),
+    ("owner/" + "n" * 97, "heads.safetensors", "owner/name"),
+    ("owner/name", LONG + ".safetensors", "safetensors path"),
+    ("owner/name", "v1/" + "h" * 300 + ".safetensors", "safetensors path"),
+    ("owner/name", "v1/he\nads.safetensors", "safetensors path"),
+    ("owner/name", "v1\\..\\..\\x.safetensors", "safetensors path"),
+])
+def test_hub_inputs_of_any_length_are_refused_in_one_line(tmp_path, monkeypatch, repo, file, match):
+    heads = tmp_path / "ssd_heads"
+    heads.mkdir()
+    monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for download in (False, True):
+        with pytest.raises(core.SSDError, match=match) as err:
+            nodes.SSDLoadHeads().load(nodes.SSDModel(None), "none", hub_repo=repo, hub_file=file, download=download)
+        msg = str(err.value)
+        assert "\n" not in msg and len(msg) < 400, msg
+    assert list(heads.iterdir()) == []
+
+
+def test_a_good_repo_id_passes_and_model_downloads_check_theirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.hub_repo_id(" deepseek-ai/Janus-Pro-7B ") == "deepseek-ai/Janus-Pro-7B"
+    assert hub.hub_repo_id("a/" + "n" * 96) == "a/" + "n" * 96
+    with pytest.raises(core.SSDError, match="owner/name") as err:
+        hub.download(LONG, tmp_path / "model")
+    assert len(str(err.value)) < 400
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- 4. a failed download removes what it wrote, and only that --------------------------------------------------
+@pytest.fixture()
+def offline(tmp_path, monkeypatch):
+    """An empty Hugging Face cache and HF_HUB_OFFLINE=1 (a download fails without touching the network)."""
+    hf_constants = pytest.importorskip("huggingface_hub.constants")
+    cache = tmp_path / "hf_cache"
+    cache.mkdir()
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_failed_heads_download_leaves_nothing_behind(offline, monkeypatch):
+    heads = offline / "ssd_heads"
+    heads.mkdir()
+    monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
+    with pytest.raises(core.SSDError, match="could not download"):
+        nodes.SSDLoadHeads().load(nodes.SSDModel(None), "none", hub_repo="someone/heads",
+                                  hub_file="v1/heads.safetensors", download=True)
+    assert tree(heads) == []  # no models/ssd_heads/someone/heads/.cache/huggingface/...
+
+
+def test_failed_heads_download_keeps_what_was_there(offline, monkeypatch):
+    heads = offline / "ssd_heads"
+    kept = heads / "someone" / "heads"
+    (kept / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (kept / ".cache" / "huggingface" / "download" / "old.safetensors.metadata").write_text("earlier download")
+    (kept / "old.safetensors").write_text("x")
+    before = tree(heads)
+    with pytest.raises(core.SSDError, match="could not download"):
+        core.hub_file("someone/heads", "v2/heads.safetensors", heads, download=True)
+    assert tree(heads) == before
+
+
+def test_failed_model_download_leaves_the_folder_as_it_was(offline):
+    with pytest.raises(core.SSDError, match="could not download"):
+        hub.download("someone/model", offline / "models" / "org" / "model")
+    assert not (offline / "models").exists()
+    folder = offline / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's")
+    with pytest.raises(core.SSDError, match="holds no config.json"):  # offline, huggingface_hub keeps the folder
+        hub.download("someone/model", folder)
+    assert tree(folder) == ["notes.txt"]
+
+
+def test_undo_removes_only_new_entries(tmp_path):
+    folder = tmp_path / "f"
+    (folder / "old").mkdir(parents=True)
+    (folder / "old" / "a.txt").write_text("a")
+    undo = hub._undo_new(folder)
+    (folder / "old" / "b.txt").write_text("b")
+    (folder / "new" / "deep").mkdir(parents=True)
+    (folder / ".cache").mkdir()
+    (folder / ".cache" / "x.lock").write_text("")
+    undo()
+    assert tree(folder) == ["old", os.path.join("old", "a.txt")]
+    undo = hub._undo_new(tmp_path / "g" / "h")
+    (tmp_path / "g" / "h" / ".cache").mkdir(parents=True)
+    undo()
+    assert not (tmp_path / "g").exists()
 
 
 # ---- 5. a folder named `comfy` beside the clone -------------------------------------------------------------------
