@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import threading
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +35,7 @@ class StaticOptions:
     buckets: tuple[int, ...] = BUCKETS
     backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
     pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
 
 
 def parse_mode(mode: str | bool | None) -> str:
@@ -51,10 +54,36 @@ def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] = BUCKET
     if mode == "off":
         model.static = None
         return model
+    reason = unsupported_compile(model.model) if mode == "compiled" else None
+    if reason is not None:  # torch.compile would break its graph at every quantized / offloaded module
+        logging.getLogger(__name__).warning("compile 'compiled' is not used for this %s model: %s; it runs with "
+                                            "the static cache uncompiled (compile 'static')", model.family, reason)
+        mode = "static"
     features_backbone(model)  # refuses a family whose final norm it cannot bypass, before any generation
     slots = max(model.layout(g).num_slots for g in model.grid_options())
     model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(buckets)), backend)
     return model
+
+
+def unsupported_compile(module: torch.nn.Module) -> str | None:
+    """Why torch.compile of the verify forward would fall apart on this transformers model (None: it would not).
+
+    bitsandbytes' layers and accelerate's offload hooks (weights loaded in each module's pre-forward, a
+    compiler-disabled function) break the graph at every such module: issue 30 counts 57 graph breaks a forward
+    with 8-bit and 96 with offload (10 on a 2-layer tiny model with one layer and the head offloaded)."""
+    quantizer = getattr(module, "hf_quantizer", None)
+    if getattr(module, "is_loaded_in_8bit", False) or getattr(module, "is_loaded_in_4bit", False) or \
+            getattr(module, "is_quantized", False) or quantizer is not None:
+        method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+        return f"it is quantized ({getattr(method, 'value', method) or 'bitsandbytes'})"
+    places = {str(v) for v in (getattr(module, "hf_device_map", None) or {}).values()}
+    hooked = any(getattr(getattr(m, "_hf_hook", None), "offload", False) or
+                 any(getattr(h, "offload", False) for h in getattr(getattr(m, "_hf_hook", None), "hooks", ()))
+                 for m in module.modules())
+    if hooked or "disk" in places or ("cpu" in places and len(places) > 1):
+        where = " and ".join(p for p in ("cpu", "disk") if p in places) or "cpu"
+        return f"accelerate offloads part of it to the {where} (offload auto / a device_map)"
+    return None
 
 
 def mode_of(model) -> str:

@@ -7,17 +7,41 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core import memory
+import tiny_families
+from ssd_core import memory, static_cache
 from tiny import make_llama_grid
 from tiny_families import build_emu3, build_janus, build_lumina
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 BUILDERS = {"janus": build_janus, "emu3": build_emu3, "lumina": build_lumina}
+# bitsandbytes quantizes in blocks of 64 inputs: the quantized tests' models are the smallest whose quantized
+# layers all take a multiple of 64 (the family tests' hidden size of 32 fails under bitsandbytes)
+BNB_BLOCK = 64
 
 
 @pytest.fixture(scope="module")
 def grid_folder(tmp_path_factory):
-    return make_llama_grid(tmp_path_factory.mktemp("q") / "model", grid=(4, 5), row_end=True)
+    return make_llama_grid(tmp_path_factory.mktemp("q") / "model", grid=(4, 5), row_end=True, hidden=BNB_BLOCK)
+
+
+def janus_folder(folder, monkeypatch):
+    """The tiny Janus at hidden size 64 (its vision tower and aligners too)."""
+    monkeypatch.setattr(tiny_families, "HIDDEN", BNB_BLOCK)
+    monkeypatch.setattr(tiny_families, "FFN", 2 * BNB_BLOCK)
+    return build_janus(folder)
+
+
+def quantized_linears(model, family):
+    """(name, in_features) of the Linear layers bitsandbytes would quantize (all but KEEP_FULL's)."""
+    keep = memory.KEEP_FULL[family]
+    return [(n, m.in_features) for n, m in model.model.named_modules() if isinstance(m, torch.nn.Linear)
+            and not any(n == k or n.startswith(k + ".") for k in keep)]
+
+
+def test_the_quantized_tests_models_fit_bitsandbytes_blocks(grid_folder, tmp_path, monkeypatch):
+    for family, folder in (("llama-grid", grid_folder), ("janus", janus_folder(tmp_path / "janus", monkeypatch))):
+        layers = quantized_linears(ssd_core.load_model(folder, dtype="fp32"), family)
+        assert layers and all(n % BNB_BLOCK == 0 for _, n in layers), (family, layers)
 
 
 @pytest.mark.parametrize("quantization", ["8-bit", "4-bit"])
@@ -74,13 +98,16 @@ def test_quantized_model_runs_ssd_exact_equal_to_ar(grid_folder, quantization):
             ex = ssd_core.generate(model, None, prompt=1, decoder="ssd-exact", seed=seed, cfg=cfg, draft_rows=rows,
                                    score=False)
             assert torch.equal(ex.tokens, ar.tokens), (seed, rows)
+    static_cache.enable(model, "compiled")  # bitsandbytes' layers break a compiled graph: static, said in the log
+    assert static_cache.mode_of(model) == "static"
+    static_cache.enable(model, "off")
 
 
 @pytest.mark.skipif(not HAS_BNB, reason="bitsandbytes is not installed")
-def test_quantized_janus_keeps_its_generation_head(tmp_path):
+def test_quantized_janus_keeps_its_generation_head(tmp_path, monkeypatch):
     import bitsandbytes as bnb
 
-    model = ssd_core.load_model(build_janus(tmp_path / "janus"), quantization="4-bit")
+    model = ssd_core.load_model(janus_folder(tmp_path / "janus", monkeypatch), quantization="4-bit")
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.model.model.language_model.modules())
     assert not any(isinstance(m, bnb.nn.Linear4bit) for m in model.model.model.generation_head.modules())
     ar = ssd_core.generate(model, None, prompt="a red cat", decoder="ar", seed=2, score=False)
@@ -96,3 +123,25 @@ def test_weights_table_counts_the_released_shapes():
     assert 7.3e9 < janus7["params"] < 7.5e9
     assert janus7["none"] > janus7["8-bit"] > janus7["4-bit"] > janus7["none"] / 4
     assert 2.0e9 < released_counts("Janus-Pro-1B")["params"] < 2.2e9
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_compiled_falls_back_to_static_for_a_quantized_model(grid_folder, bits, caplog):
+    """A model as transformers leaves a bitsandbytes load (its quantizer's after-loading step run on it and the
+    quantizer attached; its layers stay nn.Linear when bitsandbytes is absent): compile 'compiled' runs it
+    with the static cache uncompiled and says so in the log; the plain model compiles."""
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers import AutoHfQuantizer
+
+    model = ssd_core.load_model(grid_folder, dtype="fp32", compile="compiled")
+    assert static_cache.mode_of(model) == "compiled" and static_cache.unsupported_compile(model.model) is None
+    quantizer = AutoHfQuantizer.from_config(BitsAndBytesConfig(**{f"load_in_{bits}bit": True}), pre_quantized=False)
+    quantizer.postprocess_model(model.model)
+    model.model.hf_quantizer = quantizer
+    assert getattr(model.model, f"is_loaded_in_{bits}bit")
+    with caplog.at_level("WARNING", logger="ssd_core.static_cache"):
+        static_cache.enable(model, "compiled")
+    assert static_cache.mode_of(model) == "static"
+    assert "quantized (bitsandbytes)" in caplog.text and "compile 'static'" in caplog.text
+    ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=0, score=False, decode_pixels=False)
+    assert tuple(ar.tokens.shape) == (4, 5)

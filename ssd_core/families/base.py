@@ -16,16 +16,77 @@ from ..errors import SSDError
 from ..session import Layout, Prompt, Session
 
 
-def head_rows_logits(normed: torch.Tensor, head: torch.nn.Linear, rows) -> torch.Tensor:
-    """Logits of a vocabulary head restricted to its image rows (a slice or an index tensor).
+def as_rows(rows) -> slice | torch.Tensor:
+    """Image rows of a vocabulary head: a slice when they are consecutive ascending ids (read as a view of the
+    head, nothing copied), else a LongTensor of ids on the CPU."""
+    if isinstance(rows, slice):
+        return rows
+    ids = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
+    if ids.numel() and torch.equal(ids, torch.arange(int(ids[0]), int(ids[0]) + ids.numel())):
+        return slice(int(ids[0]), int(ids[0]) + ids.numel())
+    return ids
 
-    The head may sit on another device than the features under a device_map.
+
+class ImageRowsHead:
+    """Logits of a vocabulary head (an nn.Linear) restricted to its image rows, without a copy per step.
+
+    - consecutive rows (llama-grid; Emu3's visual tokens): a slice view of the head's weight, nothing copied;
+    - other rows (an id list in code order): gathered once into a [V_img, d] weight beside the head, gathered
+      again only when the head's weight changes (moved, reloaded, edited in place);
+    - a head that accelerate offloads (a device_map with cpu / disk entries keeps its weight on the meta device
+      and loads it in the module's pre-forward hook): its hook loads it once, the image rows are copied to the
+      hook's execution device and kept there. The text rows stay offloaded and are never read again: Emu3's
+      image rows are 268 of its head's 1,512 MB in bf16, where calling the offloaded head would move all
+      1,512 MB to the GPU every step.
+
+    Kept by the GridModel (freed with it). The head may sit on another device than the features under a
+    device_map: the logits are on the device of the rows.
     """
-    weight = head.weight
-    rows = rows.to(weight.device) if isinstance(rows, torch.Tensor) else rows
-    out = normed.to(weight.device) @ weight[rows].t()
-    bias = getattr(head, "bias", None)
-    return out + bias[rows] if bias is not None else out
+
+    def __init__(self, rows):
+        self.rows = as_rows(rows)
+        self._kept = None  # (head, key, weight rows, bias rows): the gathered / loaded-once rows
+
+    def weights(self, head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [V_img, d], bias [V_img] or None) of the image rows, as views where the rows allow."""
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if weight.device.type != "meta":
+            if isinstance(self.rows, slice):
+                return weight[self.rows], None if bias is None else bias[self.rows]
+            key = (weight.data_ptr(), weight.device, weight.dtype, weight._version,
+                   None if bias is None else (bias.data_ptr(), bias._version))
+            if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
+                self._kept = None  # the old copy goes before the new one is made
+                rows = self.rows.to(weight.device)
+                self._kept = (head, key, weight.index_select(0, rows),
+                              None if bias is None else bias.index_select(0, rows))
+            return self._kept[2], self._kept[3]
+        hook = getattr(head, "_hf_hook", None)
+        if hook is None:
+            raise SSDError("the image head's weights are on the meta device and no accelerate hook loads them: "
+                           "load the model with its weights (not on the meta device), or with a device_map")
+        key = ("offloaded", id(hook))
+        if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
+            self._kept = None
+            hook.pre_forward(head)  # accelerate loads the offloaded weights onto the execution device
+            try:
+                weight, bias = head.weight, getattr(head, "bias", None)
+                pick = (lambda t: t[self.rows].clone()) if isinstance(self.rows, slice) else \
+                    (lambda t: t.index_select(0, self.rows.to(t.device)))
+                self._kept = (head, key, pick(weight), None if bias is None else pick(bias))
+            finally:
+                hook.post_forward(head, None)  # and puts them back on the meta device
+        return self._kept[2], self._kept[3]
+
+    def __call__(self, normed: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+        weight, bias = self.weights(head)
+        return torch.nn.functional.linear(normed.to(weight.device), weight, bias)
+
+
+def head_rows_logits(normed: torch.Tensor, head: torch.nn.Module, rows) -> torch.Tensor:
+    """Logits of a vocabulary head restricted to its image rows (a slice or ids), with no rows kept between calls
+    (a GridModel keeps an ImageRowsHead instead)."""
+    return ImageRowsHead(rows)(normed, head)
 
 
 class GridModel:
@@ -149,6 +210,14 @@ class GridModel:
             shown = ", ".join(f"{h}x{w}" for h, w in options[:12]) + (" ..." if len(options) > 12 else "")
             raise SSDError(f"{self.family} model cannot make a {grid[0]}x{grid[1]} token grid; choose one of: {shown}")
         return grid  # type: ignore[return-value]
+
+    def rows_logits(self, normed: torch.Tensor, head: torch.nn.Module, rows) -> torch.Tensor:
+        """head_logits of a family whose image codes are `rows` of a vocabulary head: the model keeps one
+        ImageRowsHead (a view, or rows gathered / loaded once), freed with it."""
+        kept = self.__dict__.get("_image_rows_head")
+        if kept is None:
+            kept = self._image_rows_head = ImageRowsHead(rows)
+        return kept(normed, head)
 
     def image_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Pre-norm features [..., d] -> float32 logits over the image vocabulary."""

@@ -14,7 +14,7 @@ import torch
 from ..errors import SSDError
 from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
-from .base import GridModel, head_rows_logits
+from .base import GridModel
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")
@@ -200,7 +200,7 @@ class LlamaGridModel(GridModel):
 
     def head_logits(self, normed):
         rows = slice(self.image_token_start, self.image_token_start + self.image_vocab_size)
-        return head_rows_logits(normed, self.model.lm_head, rows)
+        return self.rows_logits(normed, self.model.lm_head, rows)
 
     def code_to_id(self, codes):
         return codes + self.image_token_start

@@ -9,7 +9,7 @@ import torch
 
 from .. import hub
 from ..errors import SSDError
-from .base import GridModel, head_rows_logits
+from .base import GridModel
 
 PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
 
@@ -39,7 +39,7 @@ class TextGridModel(GridModel):
 
     # ---- the contract: image codes are rows `image_ids` of lm_head ------------------------------------------
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return head_rows_logits(normed, self.model.lm_head, self.image_ids)
+        return self.rows_logits(normed, self.model.lm_head, self.image_ids)
 
     def code_to_id(self, codes: torch.Tensor) -> torch.Tensor:
         return self.image_ids.to(codes.device)[codes]
