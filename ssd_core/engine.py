@@ -8,6 +8,8 @@ prefix whose keys were computed from final tokens (per image in a batch).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import replace
 
@@ -54,8 +56,9 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
         torch.cuda.reset_peak_memory_stats(dev)
     timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
     hooks = _time_heads(heads, timings) if heads is not None and policies[0].uses_heads else []
+    static = getattr(model, "static", None)  # a static cache is one per model: its generations take turns
     try:
-        with torch.no_grad():
+        with torch.no_grad(), (static.lock if static is not None else contextlib.nullcontext()):
             return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel,
                            score, timings)
     finally:
@@ -64,14 +67,18 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
 
 
 def _time_heads(heads, timings: dict) -> list:
-    """Time spent in the draft heads' networks goes to timings["draft"] (not to the policy's bookkeeping)."""
+    """Time spent in the draft heads' networks goes to timings["draft"] (not to the policy's bookkeeping); only
+    this thread's calls count (the heads are shared by the generations of every thread)."""
     started = []
+    owner = threading.get_ident()
 
     def pre(*_):
-        started.append(time.perf_counter())
+        if threading.get_ident() == owner:
+            started.append(time.perf_counter())
 
     def post(*_):
-        timings["draft"] += time.perf_counter() - started.pop()
+        if threading.get_ident() == owner:
+            timings["draft"] += time.perf_counter() - started.pop()
 
     return [h for m in (heads.horizontal, heads.vertical)
             for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -58,11 +59,16 @@ def cache_kwarg(module: torch.nn.Module) -> str:
 
 @contextlib.contextmanager
 def capture_input(module: torch.nn.Module):
-    """Record the input of `module` (the final norm) during a forward: the pre-norm last-layer features."""
+    """Record the input of `module` (the final norm) during a forward: the pre-norm last-layer features.
+
+    Only this thread's forwards are recorded: the norm is shared by every generation on the model, and each
+    generation in another thread registers its own hook on it."""
     box: dict[str, torch.Tensor] = {}
+    owner = threading.get_ident()
 
     def hook(_mod, args, kwargs):
-        box["x"] = args[0] if args else next(iter(kwargs.values()))
+        if threading.get_ident() == owner:
+            box["x"] = args[0] if args else next(iter(kwargs.values()))
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import torch
 
@@ -24,15 +25,30 @@ def sampling_threads(model) -> int | None:
     return 1 if parameters < SMALL_MODEL_PARAMETERS else None
 
 
+_lock = threading.Lock()
+_users = {"count": 0, "before": None}  # generations inside for_sampling now, and the count before the first
+
+
 @contextlib.contextmanager
 def for_sampling(model):
-    """Run the block with the rule's thread count; the previous count is back afterwards (errors included)."""
-    wanted, before = sampling_threads(model), torch.get_num_threads()
-    if wanted is None or wanted == before:
+    """Run the block with the rule's thread count; the previous count is back afterwards (errors included).
+
+    The count is the process's: generations running in several threads at once share it, and the caller's
+    count comes back when the last of them ends."""
+    wanted = sampling_threads(model)
+    if wanted is None:
         yield
         return
-    torch.set_num_threads(wanted)
+    with _lock:
+        if _users["count"] == 0:
+            _users["before"] = torch.get_num_threads()
+        _users["count"] += 1
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        with _lock:
+            _users["count"] -= 1
+            if _users["count"] == 0 and torch.get_num_threads() != _users["before"]:
+                torch.set_num_threads(_users["before"])

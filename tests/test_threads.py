@@ -72,3 +72,36 @@ def test_threads_bench_runs_at_the_count_it_names_beside_busy_loops_and_restores
     assert all(asked == used for asked, used in counts) and {a for a, _ in counts} == {1}
     assert torch.get_num_threads() == 2  # two_threads set 2 before the bench
     assert threads.sampling_threads is rule  # the rule is back after the bench
+
+
+# ---- several generations at once on one loaded model (API users: a web service, a thread pool) ----------------
+@pytest.fixture(scope="module")
+def bundled():
+    model = ssd_core.load_model("reference")
+    return model, ssd_core.load_heads("reference", model)
+
+
+@pytest.mark.parametrize("decoder, static", [(d, False) for d in ("ar", "ssd", "ssd-exact", "sjd", "zipar")] +
+                         [("ssd-exact", True)], ids=["ar", "ssd", "ssd-exact", "sjd", "zipar", "ssd-exact-static"])
+def test_threads_on_one_model_get_their_sequential_tokens(bundled, decoder, static):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ssd_core import static_cache
+
+    model, heads = bundled
+    static_cache.enable(model, "static" if static else "off")
+    try:
+        drafter = heads if decoder.startswith("ssd") else None
+        jobs = [(prompt, seed) for prompt in range(4) for seed in (1, 2, 3)]  # 4 threads x 3 seeds
+
+        def run(job):
+            return ssd_core.generate(model, drafter, prompt=job[0], decoder=decoder, seed=job[1], grid=(6, 6),
+                                     decode_pixels=False, score=False).tokens
+
+        sequential = [run(job) for job in jobs]
+        with ThreadPoolExecutor(4) as pool:
+            concurrent = list(pool.map(run, jobs))
+    finally:
+        static_cache.enable(model, "off")
+    for job, a, b in zip(jobs, sequential, concurrent):
+        assert torch.equal(a, b), f"{decoder} prompt {job[0]} seed {job[1]}: another thread changed the tokens"
