@@ -26,10 +26,29 @@ def list_bundled() -> dict[str, list[str]]:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
+    """The dtype to load in; 'auto' (or None) picks by device:
+
+    - CUDA with native bf16 (Ampere / sm80 and newer; ROCm): bf16, the released models' own dtype.
+    - CUDA without it, with fp16 tensor cores (Volta, Turing: V100, T4, RTX 20xx): fp16. Not bf16, which torch
+      only emulates there (slowly); not fp32, which doubles the weights (a 7B model: 28 GB, more than those GPUs
+      have) and misses the tensor cores. fp16's risk: a model whose activations pass 65,504 overflows (inf /
+      NaN, a broken image); pick dtype fp32 for that model.
+    - older CUDA GPUs (Pascal GTX 10xx, Maxwell): fp32, as they run fp16 at a fraction of their fp32 speed
+      (1/64 on the GTX 10xx); quantization 8-bit / 4-bit is what fits a large model there.
+    - MPS (Apple GPUs): fp16, which every macOS with MPS runs natively. Not bf16 (macOS 14 and newer only, with
+      fewer kernels), not fp32 (the GPU shares the Mac's memory with everything else: a 7B model would take
+      28 GB). Same fp16 caveat: dtype fp32 for a model that overflows.
+    - CPU: fp32 (fp16 / bf16 matmuls are slow there).
+    """
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype in (None, "auto"):  # bf16 on a GPU, fp32 on the CPU (fp16/bf16 matmuls are slow there)
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype in (None, "auto"):
+        kind = torch.device(device).type
+        if kind == "cuda":
+            if torch.cuda.is_bf16_supported(including_emulation=False):
+                return torch.bfloat16
+            return torch.float16 if torch.cuda.get_device_capability(device)[0] >= 7 else torch.float32
+        return torch.float16 if kind == "mps" else torch.float32
     return hub.parse_dtype(dtype)
 
 

@@ -145,3 +145,32 @@ def test_compiled_falls_back_to_static_for_a_quantized_model(grid_folder, bits, 
     assert "quantized (bitsandbytes)" in caplog.text and "compile 'static'" in caplog.text
     ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=0, score=False, decode_pixels=False)
     assert tuple(ar.tokens.shape) == (4, 5)
+
+
+# ---- dtype 'auto' on the GPUs and Macs artists use -------------------------------------------------------------
+NATIVE, EMULATED, NONE = "native", "emulated", "none"  # a GPU's bf16: sm80+ / only emulated (T4, V100) / none
+
+
+@pytest.mark.parametrize("device, bf16, major, expected", [
+    ("cuda", NATIVE, 8, torch.bfloat16),  # Ampere and newer
+    ("cuda:1", EMULATED, 7, torch.float16),  # Turing / Volta: torch emulates bf16 there, slowly
+    ("cuda", NONE, 7, torch.float16),
+    ("cuda", EMULATED, 6, torch.float32),  # Pascal: fp16 at a fraction of fp32's speed
+    ("mps", None, None, torch.float16),  # Apple GPUs, any macOS
+    ("cpu", None, None, torch.float32),
+])
+def test_auto_dtype_fits_the_device(monkeypatch, device, bf16, major, expected):
+    from ssd_core.api import resolve_dtype
+
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):  # torch.cuda's, as each kind of GPU answers it
+        asked.append(including_emulation)
+        return bf16 == NATIVE or (bf16 == EMULATED and including_emulation)
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 5))
+    assert resolve_dtype("auto", device) == expected and resolve_dtype(None, device) == expected
+    assert len(asked) == (2 if device.startswith("cuda") else 0)
+    for name, chosen in (("fp32", torch.float32), ("bf16", torch.bfloat16), (torch.float16, torch.float16)):
+        assert resolve_dtype(name, device) == chosen  # a dtype the user names is kept
