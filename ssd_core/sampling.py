@@ -24,6 +24,7 @@ class SamplerSettings:
     min_p: float = 0.0  # keep codes whose prompted (conditional) probability is >= min_p x the top code's
 
     def __post_init__(self):
+        check_seed(self.seed)
         for name in ("cfg", "temperature", "top_k", "top_p", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -45,6 +46,18 @@ class SamplerSettings:
         return self.cfg != 1.0
 
 
+SEEDS = 2**64  # a seed is a whole number from 0 to 2^64 - 1 (ComfyUI's seed widget's range), in every decoder
+
+
+def check_seed(seed) -> None:
+    """The one seed rule: whole numbers 0 .. 2^64 - 1; anything else is refused (never wrapped or truncated)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise SSDError(f"seed must be a whole number from 0 to 2^64 - 1, got {str(seed)[:40]!r}")
+    if not 0 <= seed < SEEDS:
+        raise SSDError(f"seed must be from 0 to 2^64 - 1 = {SEEDS - 1}, got {str(seed)[:40]}: seeds are not wrapped "
+                       "(a negative seed or one of 2^64 or more would otherwise repeat another seed's image)")
+
+
 SAMPLER_DEFAULTS = {"cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
@@ -52,7 +65,7 @@ def settings_from(defaults: dict, seed: int = 0, **given) -> SamplerSettings:
     """Sampler settings from a model's defaults (model.defaults) and the values given (None: the default)."""
     v = {k: given[k] if given.get(k) is not None else defaults.get(k, fallback)
          for k, fallback in SAMPLER_DEFAULTS.items()}
-    return SamplerSettings(seed=int(seed), cfg=float(v["cfg"]), temperature=float(v["temperature"]),
+    return SamplerSettings(seed=seed, cfg=float(v["cfg"]), temperature=float(v["temperature"]),
                            top_k=v["top_k"], top_p=float(v["top_p"]), min_p=float(v["min_p"]))
 
 

@@ -376,7 +376,7 @@ def test_seeds_differ_above_bit_32(base, decoder):
 
     a = tokens(5)
     assert torch.equal(a, tokens(5))
-    grids = [a, tokens(5 + 2 ** 32), tokens(0), tokens(2 ** 63), tokens(10 ** 40), tokens(2 ** 64 - 1)]
+    grids = [a, tokens(5 + 2 ** 32), tokens(0), tokens(2 ** 63), tokens(2 ** 64 - 2), tokens(2 ** 64 - 1)]
     for i in range(len(grids)):
         for j in range(i + 1, len(grids)):
             assert not torch.equal(grids[i], grids[j]), (i, j)
