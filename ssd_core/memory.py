@@ -5,6 +5,11 @@ leaves the modules the engine reads directly in full precision (the image-token 
 embeddings and aligners, the pixel decoder), and a `device_map` ("auto" with a `max_memory` budget taken
 from the free VRAM). A choice that cannot work on this machine is an SSDError naming what to install or pick.
 `python -m ssd_core.dev.memory_table` prints the weights' memory of the released models at each quantization.
+
+Under offload accelerate fills the GPU in module order, so the vocabulary head (the last module) is the first
+to leave it. It is not pinned to the GPU: the families read only its image rows, which their ImageRowsHead
+(families/base.py) loads once through accelerate's hook and keeps on the GPU (Emu3: 268 of the head's
+1,512 MB in bf16; taken from RESERVE_BYTES), while the text rows stay offloaded and are never moved again.
 """
 from __future__ import annotations
 
