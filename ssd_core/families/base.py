@@ -7,6 +7,7 @@ batch of 2 live once in ../session.py.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ class ImageRowsHead:
     def __init__(self, rows):
         self.rows = as_rows(rows)
         self._kept = None  # (head, key, weight rows, bias rows): the gathered / loaded-once rows
+        self._lock = threading.Lock()  # generations in several threads share the model: one builds the rows
 
     def weights(self, head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight [V_img, d], bias [V_img] or None) of the image rows, as views where the rows allow."""
@@ -55,28 +57,30 @@ class ImageRowsHead:
                 return weight[self.rows], None if bias is None else bias[self.rows]
             key = (weight.data_ptr(), weight.device, weight.dtype, weight._version,
                    None if bias is None else (bias.data_ptr(), bias._version))
-            if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
-                self._kept = None  # the old copy goes before the new one is made
-                rows = self.rows.to(weight.device)
-                self._kept = (head, key, weight.index_select(0, rows),
-                              None if bias is None else bias.index_select(0, rows))
-            return self._kept[2], self._kept[3]
+            with self._lock:
+                if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
+                    self._kept = None  # the old copy goes before the new one is made
+                    rows = self.rows.to(weight.device)
+                    self._kept = (head, key, weight.index_select(0, rows),
+                                  None if bias is None else bias.index_select(0, rows))
+                return self._kept[2], self._kept[3]
         hook = getattr(head, "_hf_hook", None)
         if hook is None:
             raise SSDError("the image head's weights are on the meta device and no accelerate hook loads them: "
                            "load the model with its weights (not on the meta device), or with a device_map")
         key = ("offloaded", id(hook))
-        if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
-            self._kept = None
-            hook.pre_forward(head)  # accelerate loads the offloaded weights onto the execution device
-            try:
-                weight, bias = head.weight, getattr(head, "bias", None)
-                pick = (lambda t: t[self.rows].clone()) if isinstance(self.rows, slice) else \
-                    (lambda t: t.index_select(0, self.rows.to(t.device)))
-                self._kept = (head, key, pick(weight), None if bias is None else pick(bias))
-            finally:
-                hook.post_forward(head, None)  # and puts them back on the meta device
-        return self._kept[2], self._kept[3]
+        with self._lock:
+            if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
+                self._kept = None
+                hook.pre_forward(head)  # accelerate loads the offloaded weights onto the execution device
+                try:
+                    weight, bias = head.weight, getattr(head, "bias", None)
+                    pick = (lambda t: t[self.rows].clone()) if isinstance(self.rows, slice) else \
+                        (lambda t: t.index_select(0, self.rows.to(t.device)))
+                    self._kept = (head, key, pick(weight), None if bias is None else pick(bias))
+                finally:
+                    hook.post_forward(head, None)  # and puts them back on the meta device
+            return self._kept[2], self._kept[3]
 
     def __call__(self, normed: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
         weight, bias = self.weights(head)
@@ -215,8 +219,8 @@ class GridModel:
         """head_logits of a family whose image codes are `rows` of a vocabulary head: the model keeps one
         ImageRowsHead (a view, or rows gathered / loaded once), freed with it."""
         kept = self.__dict__.get("_image_rows_head")
-        if kept is None:
-            kept = self._image_rows_head = ImageRowsHead(rows)
+        if kept is None:  # setdefault: threads starting together share one
+            kept = self.__dict__.setdefault("_image_rows_head", ImageRowsHead(rows))
         return kept(normed, head)
 
     def image_logits(self, features: torch.Tensor) -> torch.Tensor:
