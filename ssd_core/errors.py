@@ -1,8 +1,32 @@
-"""The engine's own exceptions: every bad input is an SSDError with a message that says how to fix it."""
+"""The engine's own exceptions: every bad input is an SSDError with a message that says how to fix it.
+
+Messages quote what users and files hand us (names, paths, metadata), so they never carry raw control or
+bidirectional-override characters: `shown` quotes a value repr-style and cut, `printable` escapes what a
+message text holds, and SSDError applies `printable` to every message (one line, nothing a terminal obeys).
+"""
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (control characters such as NUL, newline or ESC;
+    format characters such as the right-to-left override U+202E; separators other than the space) written as
+    its escape (\\n, \\x1b, \\u202e)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def shown(value, limit: int = 60) -> str:
+    """An untrusted value as it goes into a message: repr-style (quotes, escapes), cut to about `limit`."""
+    text = printable(repr(value))
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 class SSDError(ValueError):
     """A bad input or an unusable file: the message says what is wrong and what to do."""
+
+    def __init__(self, message="", *args):
+        super().__init__(printable(message) if isinstance(message, str) else message, *args)
 
 
 class Cancelled(RuntimeError):

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import SSDError
+from .errors import SSDError, printable, shown
 
 FORMAT = "ssd-heads"
 FORMAT_VERSION = "1"
@@ -162,10 +162,10 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
         raise SSDError(f"{path.name} is not a readable safetensors file ({first[:200]}); re-download or re-train it") from None
     if meta.get("format") != FORMAT:
         raise SSDError(f"{path.name} is a safetensors file but not an SSD heads file (metadata format="
-                       f"{meta.get('format')!r}, expected {FORMAT!r})")
+                       f"{shown(meta.get('format'))}, expected {FORMAT!r})")
     if meta.get("format_version") != FORMAT_VERSION or meta.get("head_form") != HEAD_FORM:
-        raise SSDError(f"{path.name} has heads format version {meta.get('format_version')} / form "
-                       f"{meta.get('head_form')}; this version of the pack reads version {FORMAT_VERSION} / "
+        raise SSDError(f"{path.name} has heads format version {shown(meta.get('format_version'))} / form "
+                       f"{shown(meta.get('head_form'))}; this version of the pack reads version {FORMAT_VERSION} / "
                        f"{HEAD_FORM}: retrain the heads or update the pack")
     try:
         grid = tuple(int(v) for v in meta["grid"].split("x"))
@@ -175,13 +175,21 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
         if len(grid) != 2 or min(grid + (hidden, inter, vocab, v_inter)) < 1:
             raise ValueError("sizes must be whole numbers >= 1")
     except (KeyError, ValueError) as err:
-        raise SSDError(f"{path.name} has damaged heads metadata ({err}); re-train the heads") from None
+        raise SSDError(f"{path.name} has damaged heads metadata ({printable(str(err))[:120]}); "
+                       "re-train the heads") from None
     if meta.get("vertical_shift", "0") not in ("0", "1"):
-        raise SSDError(f"{path.name} has vertical_shift {meta.get('vertical_shift')!r} in its metadata; this version of "
-                       "the pack reads 0 or 1: retrain the heads or update the pack")
+        raise SSDError(f"{path.name} has vertical_shift {shown(meta.get('vertical_shift'))} in its metadata; "
+                       "this version of the pack reads 0 or 1: retrain the heads or update the pack")
     if meta.get("vertical_left", "0") not in {str(level) for level in VERTICAL_INPUTS}:
-        raise SSDError(f"{path.name} has vertical_left {meta.get('vertical_left')!r} in its metadata; this version of "
-                       "the pack reads 0, 1 or 2: retrain the heads or update the pack")
+        raise SSDError(f"{path.name} has vertical_left {shown(meta.get('vertical_left'))} in its metadata; "
+                       "this version of the pack reads 0, 1 or 2: retrain the heads or update the pack")
+    if not isinstance(family, str) or not family.isprintable() or len(family) > 100:
+        raise SSDError(f"{printable(path.name)} has family {shown(family)} in its metadata, not a family name; "
+                       "re-train the heads")
+    odd = [(k, t.dtype) for k, t in tensors.items() if not t.dtype.is_floating_point]
+    if odd:
+        raise SSDError(f"{printable(path.name)} holds {shown(odd[0][0])} as {odd[0][1]}: heads tensors are floating "
+                       "point (fp32 / bf16 / fp16); the file is damaged or not made by this pack: re-train the heads")
     check_shapes(path.name, tensors, hidden, inter, int(meta.get("vertical_left", "0")), v_inter)  # before the network is built
     known = {"format", "format_version", "family", "hidden_size", "image_vocab_size", "grid", "head_form",
              "intermediate_size"}

@@ -6,10 +6,10 @@ plus one line in FAMILIES. Adapters are imported when first used.
 from __future__ import annotations
 
 import importlib
-import json
+import os
 from pathlib import Path
 
-from ..errors import SSDError
+from ..errors import SSDError, shown
 
 # family name -> (module, class)
 FAMILIES = {
@@ -21,8 +21,8 @@ FAMILIES = {
 
 
 def family_class(name: str):
-    if name not in FAMILIES:
-        raise SSDError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise SSDError(f"unknown model family {shown(name)}; known: {', '.join(FAMILIES)}")
     module, cls = FAMILIES[name]
     return getattr(importlib.import_module(module, __name__), cls)
 
@@ -49,14 +49,11 @@ def detect_family(folder: Path) -> str:
     if not folder.is_dir():
         raise SSDError(f"model folder {folder} does not exist; put the model's files (config.json, "
                        "*.safetensors) in a folder under ComfyUI/models/ssd_models or pass its path")
-    spec = folder / "ssd_model.json"
-    if spec.is_file():
-        try:
-            data = json.loads(spec.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise SSDError(f"{spec} is not valid JSON ({err}); see the README, section 'ssd_model.json'") from None
-        return data.get("family", "llama-grid") if isinstance(data, dict) else "llama-grid"  # llama-grid says why
-    from ..hub import read_config
+    from ..hub import read_config, read_json_object
+
+    if os.path.lexists(folder / "ssd_model.json"):  # an SSDError when it is not a JSON object or its family not a name
+        return read_json_object(folder, "ssd_model.json", "see the README, section 'ssd_model.json'").get(
+            "family", "llama-grid")
 
     archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""

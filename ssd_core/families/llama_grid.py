@@ -5,13 +5,13 @@ a class id (or a class name from `class_names`); the unconditional stream is the
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
-from ..errors import SSDError
+from .. import hub
+from ..errors import SSDError, shown
 from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
 from .base import GridModel
@@ -24,19 +24,13 @@ SEE = "see the README, section 'ssd_model.json'"
 def read_spec(folder: Path, vocab: int | None = None) -> dict:
     """ssd_model.json, checked key by key (and against a vocabulary size when given) before any weights load."""
     path = folder / "ssd_model.json"
-    if not path.is_file():
-        raise SSDError(f"{folder} has no ssd_model.json: a llama-grid model needs one beside config.json ({SEE})")
-    try:
-        spec = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SSDError(f"{path} is not valid JSON ({err}); {SEE}") from None
-    if not isinstance(spec, dict):
-        raise SSDError(f"{path} holds a JSON {type(spec).__name__}, not an object {{\"family\": \"llama-grid\", ...}}; {SEE}")
+    spec = hub.read_json_object(folder, path.name, SEE, f"{folder} has no ssd_model.json: a llama-grid model needs "
+                                f"one beside config.json ({SEE})")
     missing = [k for k in REQUIRED_KEYS if k not in spec]
     if missing:
         raise SSDError(f"{path} lacks the keys {missing}; {SEE}")
     if spec["family"] != "llama-grid":
-        raise SSDError(f"{path} names family {spec['family']!r}, expected 'llama-grid'")
+        raise SSDError(f"{path} names family {_short(spec['family'])}, expected 'llama-grid'")
     for key, low in (("image_token_start", 0), ("image_vocab_size", 1), ("num_classes", 1),
                      ("class_token_start", 0), ("null_class_token", 0)):
         _whole(path, key, spec[key], low)
@@ -94,18 +88,13 @@ def _list(path, spec: dict, key: str) -> list:
     return value
 
 
-def _short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+_short = shown  # untrusted values in messages: repr-style, cut, no raw control characters
 
 
 def folder_file(folder: Path, name: str, key: str) -> Path:
     """A file named in ssd_model.json, resolved inside the model folder (symlinks and '..' followed) or refused."""
-    root = Path(folder).resolve()
-    full = (root / name).resolve()
-    if root not in full.parents:
-        raise SSDError(f"ssd_model.json's {key} {_short(name)} lies outside the model folder {folder}: put the "
-                       "file inside that folder and name it relative to it (e.g. \"vq.safetensors\")")
+    full = hub.inside(folder, name, f"ssd_model.json's {key}", "put the file inside that folder and name it "
+                      "relative to it (e.g. \"vq.safetensors\")")
     if not full.is_file():
         raise SSDError(f"ssd_model.json's {key} {_short(name)} is not a file in the model folder {folder}: "
                        f"add it, or set {key} to null")
@@ -136,18 +125,6 @@ def load_vq_decoder(folder: Path | None, spec: dict):
     return vq
 
 
-def weights_check(folder: Path) -> None:
-    """The folder holds safetensors weights (pickled .bin / .pt weights are never loaded)."""
-    if any(folder.glob("*.safetensors.index.json")) or (folder / "model.safetensors").is_file():
-        return
-    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-    if pickled:
-        raise SSDError(f"{folder} holds only pickled weights ({', '.join(pickled[:3])}), which this pack never "
-                       "loads: convert them to model.safetensors where you trust the file (load with transformers, "
-                       "then save_pretrained(folder, safe_serialization=True))")
-    raise SSDError(f"{folder} has no model weights (model.safetensors): copy the model's weights into it")
-
-
 class LlamaGridModel(GridModel):
     family = "llama-grid"
 
@@ -160,6 +137,8 @@ class LlamaGridModel(GridModel):
         self.image_vocab_size = int(spec["image_vocab_size"])
         self.row_end_token = spec["row_end_token"]
         self.default_grid = (int(spec["grid"][0]), int(spec["grid"][1]))
+        # the ids first: num_classes is then bounded by the vocabulary before range(num_classes) below
+        check_token_ids(spec, model.get_input_embeddings().num_embeddings, "ssd_model.json")
         # class names: the file's, or the indices as text when it gives none ([] too)
         self.class_names = list(spec.get("class_names") or [str(i) for i in range(int(spec["num_classes"]))])
         self.defaults = {"cfg": float(spec.get("default_cfg", 3.0)),
@@ -167,7 +146,6 @@ class LlamaGridModel(GridModel):
                          "top_k": int(spec.get("default_top_k", 0)),
                          "top_p": float(spec.get("default_top_p", 1.0)),
                          "min_p": float(spec.get("default_min_p", 0.0))}
-        check_token_ids(spec, model.get_input_embeddings().num_embeddings, "ssd_model.json")
         for grid in self.grid_options():
             self._fits(grid, "set a smaller grid in ssd_model.json, or a larger max_position_embeddings in config.json")
         self._vq = vq if vq is not None else load_vq_decoder(folder, spec)
@@ -176,20 +154,13 @@ class LlamaGridModel(GridModel):
     def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs) -> "LlamaGridModel":
         from transformers import AutoModelForCausalLM
 
-        from .. import hub
-
         folder = cls.ensure_folder(folder, download)
         vocab = hub.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
         spec = read_spec(folder, vocab if _is_whole(vocab) else None)
         vq = load_vq_decoder(folder, spec)
-        weights_check(folder)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
-                                                         use_safetensors=True, low_cpu_mem_usage=True, **kwargs)
-        except Exception as err:  # noqa: BLE001 -- transformers / safetensors raise many types for a bad folder
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {first[:300]}); check "
-                           "config.json and re-download or re-save the weights (model.safetensors)") from None
+        # every file inside the folder, safetensors of float tensors only, no tensor missing (hub.from_pretrained)
+        model = hub.from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, trust_remote_code=False,
+                                    low_cpu_mem_usage=True, **kwargs)
         return cls(model.to(device) if "device_map" not in kwargs else model, spec, folder, vq)
 
     def backbone(self):

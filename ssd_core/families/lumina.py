@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -93,6 +94,8 @@ class LuminaModel(TextGridModel):
             self.largest_square(UPSTREAM_SIDE, step=2, smallest=2)  # even sides: size tokens count 2 cells
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0, "min_p": 0.0}
         self._vqgan_path = find_vqgan(str(folder) if folder else None, vqgan if isinstance(vqgan, str) else None)
+        if self._vqgan_path is not None and not isinstance(vqgan, str):  # found in the folder: it must lie inside
+            self._vqgan_path = str(hub.inside(folder, os.path.relpath(self._vqgan_path, folder), "the VQGAN file"))
         self._vqgan = vqgan if isinstance(vqgan, VQGANDecoder) else None
 
     # ---- loading --------------------------------------------------------------------------------------------
@@ -185,7 +188,16 @@ class LuminaModel(TextGridModel):
     # ---- pixels ----------------------------------------------------------------------------------------------
     def vqgan(self) -> VQGANDecoder | None:
         if self._vqgan is None and self._vqgan_path is not None:
-            self._vqgan = VQGANDecoder.load(self._vqgan_path, device="cpu", dtype=torch.float32)
+            try:
+                self._vqgan = VQGANDecoder.load(self._vqgan_path, device="cpu", dtype=torch.float32)
+            except (MemoryError, torch.OutOfMemoryError):
+                raise
+            except Exception as err:  # noqa: BLE001 -- safetensors and the decoder raise several types
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = first.replace(f"{self._vqgan_path}: ", "").replace(repr(self._vqgan_path), "it")
+                raise SSDError(f"the VQGAN file {self._vqgan_path} is not a usable converted Chameleon VQGAN "
+                               f"({first[:300]}); convert Meta's vqgan.ckpt again with `python -m ssd_core "
+                               "convert-vqgan vqgan.ckpt <model folder>/vqgan.safetensors`") from None
         return self._vqgan
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | None:

@@ -217,6 +217,12 @@ class VQGANDecoder(nn.Module):
     @classmethod
     def load(cls, path: str, device="cpu", dtype: torch.dtype = torch.float32) -> "VQGANDecoder":
         state, cfg = load_decoder_state(path)
+        with torch.device("meta"):  # the shapes its config asks for, checked before any memory is allocated
+            want = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+        wrong = [k for k in want if k in state and tuple(state[k].shape) != want[k]]
+        if wrong:
+            raise ValueError(f"{path}: VQGAN weights do not match the config in its metadata (first: {wrong[0]} "
+                             f"is {list(state[wrong[0]].shape)}, the config needs {list(want[wrong[0]])})")
         module = cls(cfg)
         missing, unexpected = module.load_state_dict(state, strict=False)
         if missing or unexpected:
