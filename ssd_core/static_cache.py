@@ -22,7 +22,18 @@ import torch
 from .errors import SSDError
 from .session import Prompt, cache_kwarg, held_columns, held_minimum, layer_tensors, pack_fed_keys
 
-BUCKETS = (1, 8, 16, 32, 64, 128)  # padded window lengths: one compiled graph each
+BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
+WINDOW_ROWS = 4  # ssd-exact's default window: its 3 drafted rows plus the final-but-uncached slots of the row before
+
+
+def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:
+    """Padded window lengths for a layout's row stride (one compiled graph each): 1 (ar), 8, then steps of
+    half a row (rounded up to 8) until `rows` rows and 8 slots more fit, so that every family's largest
+    window at the decoders' defaults is compiled (Emu3's rows are 91 slots, Lumina-mGPT's 49, the bundled
+    model's 25) and a window pads by at most half a row."""
+    quantum = -(-max(row_stride, 1) // 16) * 8  # half a row, rounded up to 8
+    largest = rows * row_stride + 8
+    return (1, 8) + tuple(range(quantum if quantum > 8 else 16, largest + quantum, quantum))
 MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
 
 
@@ -47,9 +58,9 @@ def parse_mode(mode: str | bool | None) -> str:
     return mode
 
 
-def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] = BUCKETS, backend: str = "inductor"):
+def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] | None = None, backend: str = "inductor"):
     """Make `model.start` hand out static-cache sessions: mode 'static' (eager), 'compiled', 'off' (or a bool:
-    True = compiled). Returns the model."""
+    True = compiled); buckets None: from the widest layout's row stride (buckets_for). Returns the model."""
     mode = parse_mode(mode)
     if mode == "off":
         model.static = None
@@ -60,8 +71,11 @@ def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] = BUCKET
                                             "the static cache uncompiled (compile 'static')", model.family, reason)
         mode = "static"
     features_backbone(model)  # refuses a family whose final norm it cannot bypass, before any generation
-    slots = max(model.layout(g).num_slots for g in model.grid_options())
-    model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(buckets)), backend)
+    layouts = [model.layout(g) for g in model.grid_options()]
+    slots = max(layout.num_slots for layout in layouts)
+    if buckets is None:
+        buckets = buckets_for(max(layout.row_stride for layout in layouts))
+    model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(set(buckets))), backend)
     return model
 
 

@@ -141,3 +141,55 @@ def test_a_batch_on_the_static_cache_gives_each_image_its_single_run_tokens(dyna
         batch = ssd_core.generate_batch(static, heads if decoder != "ar" else None, prompt=1, seeds=seeds,
                                         decoder=decoder, score=False)
         assert all(torch.equal(b.tokens, s.tokens) for b, s in zip(batch, singles)), decoder
+
+
+# ---- buckets from the layout: every family's largest window at the defaults is compiled ----------------------
+def _windows(model, heads, decoder, seeds=(0, 1), **kw):
+    """The window lengths the steps of these runs feed (the base model's forward sizes)."""
+    from ssd_core.session import Session
+
+    sizes, forward = [], Session.forward
+
+    def recording(self, slot_ids, visible=None):
+        sizes.append(slot_ids.shape[-1])
+        return forward(self, slot_ids, visible)
+
+    Session.forward = recording
+    try:
+        for seed in seeds:
+            ssd_core.generate(model, heads, prompt=1, decoder=decoder, seed=seed, decode_pixels=False, score=False, **kw)
+    finally:
+        Session.forward = forward
+    return sizes
+
+
+@pytest.mark.parametrize("family, width, row_end", [("janus", 24, False), ("reference", 24, True),
+                                                    ("lumina", 48, True), ("emu3", 90, True)])
+def test_the_largest_window_of_each_family_layout_fits_its_buckets(tmp_path, family, width, row_end):
+    """The rows of each family's real grid (Janus 24, the bundled model 24 + a row end, Lumina-mGPT 48 + 1,
+    Emu3 90 + 1), six of them, on a tiny model: ssd-exact and ssd at their defaults never feed a window
+    longer than the largest bucket (the old fixed buckets stopped at 128: Lumina's and Emu3's windows ran
+    eagerly, never as CUDA graphs)."""
+    folder = make_llama_grid(tmp_path / "model", grid=(6, width), row_end=row_end, max_positions=1024)
+    model = ssd_core.load_model(folder)
+    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
+    buckets = static_cache.buckets_for(model.layout(None).row_stride)
+    largest = max(n for decoder in ("ssd-exact", "ssd") for d in (heads, None)[:1 if decoder == "ssd" else 2]
+                  for n in _windows(model, d, decoder, seeds=(0,)))
+    assert largest <= max(buckets), (family, largest, buckets)
+    assert len(buckets) <= 10  # one compiled graph each
+
+
+def test_padding_wastes_under_a_quarter_on_the_bundled_model():
+    model = ssd_core.load_model("reference")
+    heads = ssd_core.load_heads("reference", model)
+    buckets = static_cache.enable(ssd_core.load_model("reference"), "static").static.buckets
+    for decoder, drafter in (("ssd-exact", heads), ("ssd", heads), ("ssd-exact", None)):
+        sizes = _windows(model, drafter, decoder)
+        padded = [static_cache.bucket(n, buckets) for n in sizes]
+        assert None not in padded, (decoder, max(sizes), buckets)
+        waste = 1 - sum(sizes) / sum(padded)
+        assert waste < 0.25, (decoder, waste)
+        old = [static_cache.bucket(n, static_cache.BUCKETS) for n in sizes]
+        print(f"{decoder} {'heads' if drafter else 'no heads'}: windows mean {sum(sizes) / len(sizes):.1f} max "
+              f"{max(sizes)}; padding waste {waste:.1%} (fixed buckets: {1 - sum(sizes) / sum(old):.1%})")
