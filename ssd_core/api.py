@@ -1,6 +1,8 @@
 """The calls everything else uses: load a model, load heads, generate."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +110,29 @@ def load_heads(name_or_path: str | Path, model) -> DraftHeads:
     return heads.to(device=model.device, dtype=model.dtype).eval()
 
 
+def whole_number(name: str, value) -> int:
+    """An int (or a float / numpy number without a fraction) as an int; anything else one SSDError line:
+    1.5, '3', True and NaN are refused, never rounded or read."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SSDError(f"{name} must be a whole number, got {str(value)[:40]!r} ({type(value).__name__})")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if not (math.isfinite(value) and float(value).is_integer()):
+        raise SSDError(f"{name} must be a whole number (an integer such as 1), got {value}")
+    return int(value)
+
+
+def check_grid_value(grid):
+    """None, 'HxW' / 'auto' (trace.parse_grid) or a (rows, columns) pair of whole numbers -> None or (H, W)."""
+    from .trace import parse_grid
+
+    if grid is None or isinstance(grid, str):
+        return parse_grid(grid)
+    if not isinstance(grid, (tuple, list)) or len(grid) != 2:
+        raise SSDError(f"grid must be (rows, columns) in tokens, e.g. (16, 16), or 'HxW', got {str(grid)[:40]}")
+    return tuple(whole_number("grid " + side, v) for side, v in zip(("rows", "columns"), grid))
+
+
 @dataclass
 class Result:
     tokens: torch.Tensor  # [H, W] image codes
@@ -148,13 +173,33 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the sampler values
     are shared. on_step receives a Progress whose `image` is the index in the batch.
     """
+    if isinstance(prompts, (str, bytes, numbers.Integral)):  # one prompt ("12" is one prompt, never '1' and '2')
+        if prompt is not None and prompt != prompts:
+            raise SSDError(f"give one of prompt ({str(prompt)[:40]!r}) and prompts ({str(prompts)[:40]!r}), not both")
+        prompt, prompts = prompts, None
+    if isinstance(seeds, (str, bytes, numbers.Number)):  # one number: the first seed, as `seed`
+        seed, seeds = seeds, None
+    for name, value in (("prompts", prompts), ("seeds", seeds)):
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise SSDError(f"{name} must be a list (one entry per image), got {type(value).__name__}")
+    seed = whole_number("seed", seed)
+    if seeds is not None:
+        seeds = [whole_number("seed", s) for s in seeds]
+    if batch_size is not None:
+        batch_size = whole_number("batch_size", batch_size)
     n = batch_size if batch_size is not None else len(prompts if prompts is not None else seeds if seeds is not None else [0])
-    if int(n) != n or not 1 <= n <= MAX_BATCH:
+    if not 1 <= n <= MAX_BATCH:
         raise SSDError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size}")
     if prompts is None:
         prompts = [prompt if prompt is not None else 0] * n
     if seeds is None:
         seeds = [(int(seed) + i) % 2**64 for i in range(n)]  # 64-bit seeds wrap
+    grid = check_grid_value(grid)
+    for name, value in (("draft_rows", draft_rows), ("verify_rounds", verify_rounds), ("window", window),
+                        ("stable_first_row", stable_first_row), ("adaptive_percent", adaptive_percent),
+                        ("repair", repair), ("top_k", top_k)):
+        if value is not None:
+            whole_number(name, value)  # the limits: decoders.PARAMS, SamplerSettings
     if len(prompts) != n or len(seeds) != n:
         raise SSDError(f"a batch of {n} images needs {n} prompts and {n} seeds, got {len(prompts)} prompts "
                        f"and {len(seeds)} seeds")

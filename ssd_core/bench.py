@@ -12,6 +12,7 @@ import torch
 from .api import MAX_BATCH, generate, generate_batch
 from .decoders import DECODERS, NO_HEADS, VERIFY_ROUNDS, needs_heads, uses_heads
 from .errors import SSDError
+from .outputs import check_output, check_output_dir, write_or_keep
 from .trace import finite_or_none, status_image
 from .yardstick import bench_rows, for_model
 
@@ -85,6 +86,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
         raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
+    check_outputs(o)  # before the first image: a bad path never costs the run
     variants = _variants(o)
     prompts = prompts_for(model, o.images, o.prompt)
     seeds = [o.seed + i for i in range(o.images)]
@@ -154,17 +156,39 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
+    failed: list[str] = []  # every output is tried; one that fails is kept beside (outputs.write_or_keep)
     if o.plot:
         from .bench_plot import plot_tradeoff
 
-        plot_tradeoff(report, o.plot)
-        log(f"wrote {o.plot}")
+        _keep(o.plot, lambda p: plot_tradeoff(report, p), "--plot", failed, log)
     if out_dir is not None:
-        write_pngs(results, variants, out_dir, log)
+        write_pngs(results, variants, out_dir, log, failed)
     if o.json:
-        Path(o.json).write_text(json.dumps(report, indent=1))
-        log(f"wrote {o.json}")
+        text = json.dumps(report, indent=1)
+        _keep(o.json, lambda p: (Path(p).parent.mkdir(parents=True, exist_ok=True), Path(p).write_text(text)), "--json",
+              failed, log)
+    if failed:
+        more = f" ({len(failed) - 1} more output(s) kept the same way)" if len(failed) > 1 else ""
+        raise SSDError(failed[0] + more)
     return report
+
+
+def _keep(path, write, flag: str, failed: list, log=None) -> None:
+    try:
+        written = write_or_keep(path, write, flag)
+        if log is not None:
+            log(f"wrote {written}")
+    except SSDError as err:
+        failed.append(str(err))
+
+
+def check_outputs(o: BenchOptions) -> None:
+    """The JSON, plot and PNG folder can be written (outputs.check_output)."""
+    from .images import image_extensions
+
+    check_output(o.json, "--json", {".json"}, make_folder=True)  # e.g. inside out_dir (the demo)
+    check_output(o.plot, "--plot", image_extensions(), make_folder=True)
+    check_output_dir(o.out_dir, "--out-dir")
 
 
 def round0_acceptance(runs) -> dict:
@@ -260,10 +284,21 @@ def verify_cost(model, prompt, cfg: float | None = None, negative_prompt: str = 
     return {str(n): round(t / times[lengths[0]], 3) for n, t in times.items()}
 
 
-def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
-    from .images import save_image, sheet
+def write_pngs(results: dict, variants, out_dir: Path, log=print, failed: list | None = None) -> None:
+    """The sample and status sheets into out_dir; a PNG that cannot be written is kept in the temp folder and
+    its error added to `failed` (raised when None)."""
+    from .images import save_image as _save, sheet
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    errors = [] if failed is None else failed
+    before = len(errors)
+
+    def save_image(image, path):
+        _keep(path, lambda p: _save(image, p), "--out-dir", errors)
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # every PNG then fails and is kept in the temp folder, its error says where
     labels = [v[0] for v in variants]
     n = len(results["ar"])
     for label in labels:
@@ -283,7 +318,10 @@ def write_pngs(results: dict, variants, out_dir: Path, log=print) -> None:
             grid[y:y + r.shape[0], :r.shape[1]] = r
             y += r.shape[0]
         save_image(grid, out_dir / "samples_all_decoders.png")
-    log(f"wrote PNGs for {n} images x {len(labels)} decoders into {out_dir}")
+    if len(errors) == before:
+        log(f"wrote PNGs for {n} images x {len(labels)} decoders into {out_dir}")
+    if failed is None and errors:
+        raise SSDError(errors[0] + (f" ({len(errors) - 1} more PNG(s) kept the same way)" if len(errors) > 1 else ""))
 
 
 def labelled(image, text: str, width: int = 84):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from .decoders import DECODERS, NO_HEADS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
 from .errors import SSDError
+from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
+from .outputs import WRITTEN, check_output, check_output_dir, write_or_keep
 from .static_cache import MODES
 from .trace import parse_grid, status_image
 
@@ -19,28 +21,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
-
-
-def _image_extensions() -> set[str]:
-    from PIL import Image
-
-    Image.init()
-    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
-
-
-def check_output(path, flag: str, extensions=None) -> None:
-    """An output file can be written: its folder exists and its extension is one we write."""
-    if path is None:
-        return
-    path = Path(path)
-    if extensions is not None and path.suffix.lower() not in extensions:
-        common = (".png", ".jpg", ".webp", ".json", ".safetensors")
-        shown = ", ".join(sorted(extensions, key=lambda e: (e not in common, e))[:4]) + (" ..." if len(extensions) > 4 else "")
-        raise SSDError(f"{flag} {path}: the file name must end in one of {shown}")
-    if path.is_dir():
-        raise SSDError(f"{flag} {path} is a folder: give a file name")
-    if not path.parent.is_dir():
-        raise SSDError(f"{flag} {path}: the folder {path.parent} does not exist; create it first")
 
 
 def _positive(args, flag: str, low: int = 1) -> None:
@@ -62,8 +42,8 @@ def validate(args) -> None:
     args.grid = parse_grid(args.grid)
     if args.command == "generate":
         spec(args.decoder)
-        check_output(args.out, "--out", _image_extensions())
-        check_output(args.status_image, "--status-image", _image_extensions())
+        check_output(args.out, "--out", image_extensions())
+        check_output(args.status_image, "--status-image", image_extensions())
         check_output(args.trace, "--trace", {".json"})
     elif args.command == "bench":
         _positive(args, "--images")
@@ -72,23 +52,22 @@ def validate(args) -> None:
             args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
             for name in args.decoders:  # "ssd-exact:noheads": that decoder without the loaded heads
                 spec(name.removesuffix(NO_HEADS))
-        try:
-            args.ssd_rounds = tuple(int(r) for r in args.ssd_rounds.split(",")) if args.ssd_rounds else ()
-        except ValueError:
-            raise SSDError(f"--ssd-rounds {args.ssd_rounds!r} is not a comma list of whole numbers, e.g. 0,1,2") from None
-        for rounds in args.ssd_rounds:
-            VERIFY_ROUNDS.check("--ssd-rounds", rounds)
+        args.ssd_rounds = _whole_list(args.ssd_rounds, "--ssd-rounds", VERIFY_ROUNDS, "0,1,2")
+        args.ssd_adaptive = _whole_list(args.ssd_adaptive, "--ssd-adaptive", PARAMS["adaptive_percent"], "5,15")
+        args.ssd_first_row = _whole_list(args.ssd_first_row, "--ssd-first-row", PARAMS["stable_first_row"], "1,2")
         check_output(args.json, "--json", {".json"})
-        if args.out_dir is not None and Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
-            raise SSDError(f"--out-dir {args.out_dir} is a file: give a folder (it is created when missing)")
+        check_output(args.plot, "--plot", image_extensions(), make_folder=True)
+        check_output_dir(args.out_dir, "--out-dir")
     elif args.command == "train-heads":
-        from .train import TrainConfig
+        from .train import TrainConfig, check_features_file
 
         check_output(args.out, "--out", {".safetensors"})
-        for one in (args.grids.split(",") if args.grids else []):
-            if not Path(one).is_file():
-                raise SSDError(f"--grids {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
-                               "and 'classes' [N]")
+        check_features_file(args.features, "--features")
+        for flag, files in (("--grids", args.grids), ("--heldout-grids", args.heldout_grids)):
+            for one in (files.split(",") if files else []):
+                if not Path(one).is_file():
+                    raise SSDError(f"{flag} {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
+                                   "and 'classes' [N]")
         samples = args.samples if args.samples is not None else (0 if args.grids else 256)
         if samples < 1 and not args.grids:
             raise SSDError(f"train-heads samples must be a whole number >= 1 (or 0 with --grids FILE), got {samples}")
@@ -100,6 +79,19 @@ def validate(args) -> None:
                                         vertical_left=args.vertical_left, checkpoint_every=args.checkpoint_every,
                                         until=_clock_time(args.until), vertical_shift=args.vertical_shift,
                                         init=args.init, train=args.train)
+
+
+def _whole_list(text, flag: str, param, example: str) -> tuple[int, ...]:
+    """'0,1,2' -> (0, 1, 2), each value within `param`'s limits; None or '' -> ()."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        raise SSDError(f"{flag} {text!r} is not a comma list of whole numbers, e.g. {example}") from None
+    for value in values:
+        param.check(flag, value)
+    return values
 
 
 def _clock_time(text):
@@ -177,17 +169,24 @@ def cmd_generate(args) -> int:
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
+    writes = []  # (flag, path, write): every one is tried, a failed one kept beside (outputs.write_or_keep)
     if args.out:
         if result.image is None:
             print("this model has no pixel decoder: no image written (use --trace for the tokens)")
         else:
-            save_image(result.image, args.out)
-            print(f"wrote {args.out}")
+            writes.append(("--out", args.out, lambda p: save_image(result.image, p)))
     if args.status_image:
-        save_image(status_image(tr.to_dict()), args.status_image)
+        writes.append(("--status-image", args.status_image, lambda p: save_image(status_image(tr.to_dict()), p)))
     if args.trace:
-        Path(args.trace).write_text(json.dumps(tr.to_dict()))
-        print(f"wrote {args.trace}")
+        writes.append(("--trace", args.trace, lambda p: Path(p).write_text(json.dumps(tr.to_dict()))))
+    failed = []
+    for flag, path, write in writes:
+        try:
+            print(f"wrote {write_or_keep(path, write, flag)}")
+        except SSDError as err:
+            failed.append(str(err))
+    if failed:
+        raise SSDError("; ".join(failed))
     return 0
 
 
@@ -225,9 +224,8 @@ def cmd_bench(args) -> int:
         draft_rows=args.draft_rows,
         verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
         window=args.window, repair=args.repair, grid=args.grid, ssd_rounds=args.ssd_rounds,
-        ssd_adaptive=tuple(int(a) for a in args.ssd_adaptive.split(",")) if args.ssd_adaptive else (),
-        ssd_first_row=tuple(int(f) for f in args.ssd_first_row.split(",")) if args.ssd_first_row else
-        ((args.stable_first_row,) if args.stable_first_row is not None else ()),
+        ssd_adaptive=args.ssd_adaptive,  # checked by validate(), as the lists below
+        ssd_first_row=args.ssd_first_row or ((args.stable_first_row,) if args.stable_first_row is not None else ()),
         plot=args.plot,
         verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
         batch=args.batch)
@@ -320,11 +318,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit codes: 0 done, 2 a bad input or a failed write (one line on stderr), 130 interrupted (Ctrl-C)."""
+    start = len(WRITTEN)
     try:
+        args = build_parser().parse_args(argv)
         if args.command != "convert-vqgan":
             validate(args)
         return args.func(args)
     except SSDError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_line(WRITTEN[start:]), file=sys.stderr)
+        return 130
+
+
+def interrupted_line(written) -> str:
+    """The one line a Ctrl-C leaves: what was written before it, if anything."""
+    if not written:
+        return "interrupted; nothing was written"
+    shown = ", ".join(written[-3:])
+    more = f" and {len(written) - 3} more" if len(written) > 3 else ""
+    return f"interrupted; partial results written to {shown}{more}"

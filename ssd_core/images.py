@@ -29,3 +29,11 @@ def sheet(images: list, pad: int = 4) -> np.ndarray:
         out[pad:pad + a.shape[0], x:x + a.shape[1]] = a
         x += a.shape[1] + pad
     return out
+
+
+def image_extensions() -> set[str]:
+    """The file extensions PIL can write an image to ('.png', '.jpg', ...)."""
+    from PIL import Image
+
+    Image.init()
+    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}

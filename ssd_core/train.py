@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import random
 import time
 from dataclasses import dataclass, replace
@@ -27,8 +28,26 @@ from torch.nn import functional as F
 from .acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
 from .errors import SSDError
 from .heads import VERTICAL_INPUTS, DraftHeads
+from .outputs import check_output, write_or_keep
 from .sampling import SamplerSettings, guide, sample_logits, settings_from
 from .session import Layout, stack_prompts
+
+
+MAX_GRIDS = 1_000_000  # grids sampled, held out or in one batch: their features are held in memory
+MAX_COUNT = 10_000_000  # epochs, steps, chain depth, checkpoint interval
+MAX_WIDTH = 65_536  # an MLP width (the shipped Hv: 1,024): 3 x width x hidden_size weights, and Adam's state
+
+
+def _whole(name: str, value, low, high) -> int:
+    """A TrainConfig count as an int, or one SSDError line naming its limits."""
+    whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or (low is not None and value < low) or (high is not None and value > high):
+        limits = "" if low is None else f" from {low} to {high}" if high is not None else f" >= {low}"
+        why = {MAX_GRIDS: " (the grids and their features are held in memory)",
+               MAX_WIDTH: " (an MLP width: 3 x width x hidden size weights, with their optimiser state; the shipped "
+                          "heads' Hv is 1024)"}.get(high, "")
+        raise SSDError(f"train-heads {name} must be a whole number{limits}{why}, got {str(value)[:40]}")
+    return int(value)
 
 
 @dataclass
@@ -57,21 +76,28 @@ class TrainConfig:
     init: str | None = None  # a heads file for this model to start from (warm start) instead of random weights
     train: str = "both"  # which heads learn: both, vertical (Hh kept as it starts) or horizontal
 
-    def __post_init__(self):  # every value checked before any grid is sampled
-        from .errors import SSDError
-
-        for name, low in (("samples", 0), ("heldout", 0), ("epochs", 1), ("batch_grids", 1), ("gen_batch", 1),
-                          ("checkpoint_every", 0), ("vertical_intermediate", 1)):
+    def __post_init__(self):  # every value checked before any grid is sampled (or any memory taken)
+        for name, low, high in (("samples", 0, MAX_GRIDS), ("heldout", 0, MAX_GRIDS), ("epochs", 1, MAX_COUNT),
+                                ("batch_grids", 1, MAX_GRIDS), ("gen_batch", 1, MAX_GRIDS),
+                                ("checkpoint_every", 0, MAX_COUNT), ("unroll", 0, MAX_COUNT),
+                                ("intermediate", 1, MAX_WIDTH), ("vertical_intermediate", 1, MAX_WIDTH),
+                                ("max_steps", 0, MAX_COUNT), ("seed", None, None)):
             value = getattr(self, name)
-            if value is None and name == "vertical_intermediate":  # optional: Hh's width, or the init's
+            if value is None and name in ("intermediate", "vertical_intermediate", "max_steps"):  # optional
                 continue
-            if isinstance(value, bool) or int(value) != value or value < low:
-                raise SSDError(f"train-heads {name} must be a whole number >= {low}, got {value}")
+            setattr(self, name, _whole(name, value, low, high))
+        if self.max_steps == 0 and self.init is None:
+            raise SSDError("train-heads max_steps 0 trains nothing and would write random heads: give at least 1, or "
+                           "an init heads file to score as it is")
+        for name in ("lr", "ce_weight", "kl_weight", "tv_weight", "stale_share"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SSDError(f"train-heads {name} must be a number, got {str(value)[:40]!r}")
         if self.samples + self.heldout < 2:
             raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
-        for name in ("ce_weight", "tv_weight"):
+        for name in ("ce_weight", "kl_weight", "tv_weight"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise SSDError(f"train-heads {name} must be a number >= 0, got {getattr(self, name)}")
         if self.vertical_shift not in (0, 1) or isinstance(self.vertical_shift, bool):
@@ -272,6 +298,7 @@ def features_for(model, prompts, codes, settings, layout, batch, path=None, log=
     stored there, fp16); stop_at: the first grids done by then only (h, ids of N' <= N grids)."""
     from safetensors.torch import load_file, save_file
 
+    check_features_file(path, "features", ("h", "ids", "codes"))
     if path is not None and Path(path).is_file():
         data = load_file(str(path))
         if data["codes"].shape == codes.shape and torch.equal(data["codes"], codes):
@@ -282,7 +309,11 @@ def features_for(model, prompts, codes, settings, layout, batch, path=None, log=
                               stop_at, log)
     log(f"features of {h.shape[0]} of {codes.shape[0]} grids: {time.time() - t0:.0f} s")
     if path is not None:
-        save_file({"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes[:h.shape[0]].contiguous()}, str(path))
+        tensors = {"h": h.contiguous(), "ids": ids.contiguous(), "codes": codes[:h.shape[0]].contiguous()}
+        try:  # the features are a cache: a failed write is said and the training goes on
+            write_or_keep(path, lambda p: save_file(tensors, str(p)), "--features")
+        except SSDError as err:
+            log(f"warning: {err}")
     return h, ids
 
 
@@ -291,6 +322,7 @@ def stored(path, codes: torch.Tensor, compute, log=print) -> torch.Tensor:
     stored there, fp16)."""
     from safetensors.torch import load_file, save_file
 
+    check_features_file(path or None, "stale features", ("h", "codes"))
     if path and Path(path).is_file():
         data = load_file(str(path))
         if data["codes"].shape == codes.shape and torch.equal(data["codes"], codes):
@@ -300,7 +332,11 @@ def stored(path, codes: torch.Tensor, compute, log=print) -> torch.Tensor:
     h = compute()
     log(f"{h.shape[0]} grids' features: {time.time() - t0:.0f} s")
     if path:
-        save_file({"h": h.to(torch.float16).contiguous(), "codes": codes.contiguous()}, str(path))
+        tensors = {"h": h.to(torch.float16).contiguous(), "codes": codes.contiguous()}
+        try:
+            write_or_keep(path, lambda p: save_file(tensors, str(p)), "--features (stale)")
+        except SSDError as err:
+            log(f"warning: {err}")
     return h
 
 
@@ -314,6 +350,14 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
 
     if grids is None and cfg.samples < 1:
         raise SSDError("train-heads samples must be a whole number >= 1 when no grids are given (or pass grids)")
+    check_output(out_path, "train-heads out", {".safetensors"})  # before any grid is sampled: the run is never lost
+    check_features_file(features, "features")
+    if features is not None and cfg.stale_share > 0:
+        check_features_file(Path(features).with_suffix(f".stale{cfg.stale_share}.safetensors"), "stale features",
+                            ("h", "codes"))
+    if grids is not None and grid_prompts is not None and len(grid_prompts) != len(grids):
+        raise SSDError(f"train-heads got {len(grids)} grids and {len(grid_prompts)} prompts: give one prompt (class) "
+                       "per grid")
     accel = Accelerator(cpu=model.device.type == "cpu")
     torch.manual_seed(cfg.seed + accel.process_index)
     rng = random.Random(cfg.seed * 1000 + accel.process_index)
@@ -409,7 +453,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     log(acceptance_lines(report))
     if accel.is_main_process:
         heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
-        heads.save(out_path)
+        write_or_keep(out_path, heads.save, "--out")  # a failed write keeps the heads in the temp folder
     return heads, report
 
 
@@ -465,7 +509,10 @@ def checkpoint(model, accel, heads, out_path, step, seen, h_held, ids_held, stal
             f"Hv {a['vertical_expected']} (stale {a['vertical_stale_expected']})")
     log(line)
     if accel.is_main_process:
-        one.save(Path(out_path).with_suffix(f".step{step}.safetensors"))
+        try:  # a failed checkpoint is said (and kept beside); the training goes on
+            write_or_keep(Path(out_path).with_suffix(f".step{step}.safetensors"), one.save, "checkpoint")
+        except SSDError as err:
+            log(f"warning: {err}")
     one.train()
 
 
@@ -480,14 +527,40 @@ def acceptance_lines(report: dict) -> str:
     return "\n".join(lines)
 
 
+def check_features_file(path, flag: str = "--features", keys=("h", "ids", "codes")) -> None:
+    """A features file to store or reuse: a new .safetensors file in a folder that takes files, or one that
+    train-heads wrote (its tensors `keys`). Any other file (grids, heads, a pickle) is refused, never read as
+    features nor overwritten."""
+    if path is None:
+        return
+    check_output(path, flag, {".safetensors"})
+    path = Path(path)
+    if not path.exists():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:  # the header only, however large the file
+            have = sorted(f.keys())
+    except Exception as err:
+        reason = " ".join(str(err).split())[:80]
+        raise SSDError(f"{flag} {path} is not a safetensors file ({reason}): give a new file name (the features are "
+                       "stored there) or a features file train-heads wrote") from None
+    if not set(keys) <= set(have):
+        shown = ", ".join(have[:5]) + (" ..." if len(have) > 5 else "")
+        raise SSDError(f"{flag} {path} holds [{shown}], not the features train-heads stores ({', '.join(keys)}): is it a "
+                       "grids or heads file? Give a new file name: the features are stored there")
+
+
 def read_grids(path, model) -> tuple[list, torch.Tensor]:
     """Training grids from safetensors files (comma-separated paths): `tokens` [N, H, W] image codes and
-    `classes` [N] -> (prompts, per-slot codes [N, L] with -1 at forced slots)."""
+    `classes` [N] -> (prompts, per-slot codes [N, L] with -1 at forced slots). Every file is checked whole
+    (codes within the model's image vocabulary, one class per grid, classes of the model) before any is used."""
     from safetensors.torch import load_file
 
-    from .errors import SSDError
-
     prompts, out = [], []
+    vocab = int(model.image_vocab_size)
+    classes_known = len(model.class_names) if getattr(model, "class_names", None) else None
     for one in str(path).split(","):
         try:
             data = load_file(one)
@@ -496,7 +569,32 @@ def read_grids(path, model) -> tuple[list, torch.Tensor]:
                            "'tokens' [N, H, W] and 'classes' [N]") from None
         if "tokens" not in data or "classes" not in data:
             raise SSDError(f"{one} needs the tensors 'tokens' [N, H, W] and 'classes' [N]; it has {sorted(data)}")
-        tokens, classes = data["tokens"].long(), data["classes"].long()
+        tokens, classes = data["tokens"], data["classes"]
+        for name, t, dims in (("tokens", tokens, 3), ("classes", classes, 1)):
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                raise SSDError(f"{one}: '{name}' must hold whole numbers (an integer tensor), it is {t.dtype}; "
+                               "write it as int64")
+            if t.dim() != dims:
+                raise SSDError(f"{one}: '{name}' must be {'[N, H, W]' if dims == 3 else '[N]'}, it has shape "
+                               f"{list(t.shape)}")
+        if tokens.shape[0] == 0:
+            raise SSDError(f"{one} holds no grids (tokens {list(tokens.shape)}): give a file with at least one grid")
+        if classes.shape[0] != tokens.shape[0]:
+            raise SSDError(f"{one} has {tokens.shape[0]} grids but {classes.shape[0]} classes: 'classes' needs one "
+                           "class per grid, in the order of 'tokens'")
+        tokens, classes = tokens.long(), classes.long()
+        bad = ((tokens < 0) | (tokens >= vocab)).nonzero()
+        if len(bad):
+            n, y, x = bad[0].tolist()
+            raise SSDError(f"{one}: token {int(tokens[n, y, x])} (grid {n}, row {y}, column {x}) is not an image code "
+                           f"of this model (0..{vocab - 1}); {len(bad)} such token(s): were the grids made for "
+                           "another model?")
+        if classes_known is not None:
+            wrong = ((classes < 0) | (classes >= classes_known)).nonzero()
+            if len(wrong):
+                i = int(wrong[0])
+                raise SSDError(f"{one}: class {int(classes[i])} (grid {i}) is not a class of this model "
+                               f"(0..{classes_known - 1})")
         layout = model.layout(tuple(tokens.shape[1:]))
         if layout.grid != model.default_grid:
             raise SSDError(f"the grids in {one} are {layout.grid[0]}x{layout.grid[1]}; heads train on the model's "
