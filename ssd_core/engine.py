@@ -25,9 +25,38 @@ from .session import Layout, Prompt, Session, stack_prompts
 
 
 def _now(device) -> float:
+    """A host clock reading after the device's queued work (outside the step loop: prefill, scoring)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+class Clock:
+    """The step loop's phase times without a device sync per step: on CUDA, events recorded on the stream and
+    read once, when a trace is built; elsewhere the host clock (the CPU runs each op before returning)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list] = {}  # phase -> [(start mark, end mark)]
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add(self, phase: str, start, end) -> None:
+        self.spans.setdefault(phase, []).append((start, end))
+
+    def seconds(self, phase: str) -> float:
+        """Total seconds of a phase (on CUDA: waits for its last event)."""
+        spans = self.spans.get(phase, [])
+        if not self.cuda:
+            return sum(b - a for a, b in spans)
+        if spans:
+            spans[-1][1].synchronize()
+        return sum(a.elapsed_time(b) for a, b in spans) / 1000
 
 
 def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: SamplerSettings, policy: Policy,
@@ -87,6 +116,7 @@ def _time_heads(heads, timings: dict) -> list:
 def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score, timings):
     dev = model.device
     N = len(prompts)
+    clock = Clock(dev)
     t0 = _now(dev)
     session = model.start(stack_prompts(prompts) if N > 1 else prompts[0], N)
     rows = [torch.arange(i, session.batch, N, device=dev) for i in range(N)]  # the cache rows of image i: its streams
@@ -104,12 +134,11 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
             raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
         fed = [runs[i].ids[runs[i].keep:runs[i].end].clone() for i in active]
         n = max(f.numel() for f in fed)
-        t1 = _now(dev)
+        t1 = clock.mark()
         if n:
             feats, all_logits, visibles = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
                                          [rows[i] for i in active], fed, n, pad_id, decoder_name)
-        t2 = _now(dev)
-        drafting = timings["draft"]
+        t2 = clock.mark()
         held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
         for j, i in enumerate(active):
             run, k = runs[i], fed[j].numel()
@@ -127,8 +156,8 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
             run.cached, run.next_logits = run.keep, logits[:, run.keep - C]
             for r in host_rows[i]:
                 held[r] = run.keep
-        timings["forward"] += t2 - t1
-        timings["policy"] += _now(dev) - t2 - (timings["draft"] - drafting)
+        clock.add("forward", t1, t2)
+        clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
         session.crop(held)
         for i in active:
             if on_step is not None and n:
@@ -151,6 +180,8 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
                 timings["finalize"] = _now(dev) - t1
                 finalize = 1
             timings["wall"] = _now(dev) - t0
+            timings["forward"] = clock.seconds("forward")
+            timings["policy"] = clock.seconds("policy") - timings["draft"]
             for i in done:
                 runs[i].flush()
                 runs[i].cached = session.held_host[host_rows[i][0]]

@@ -117,3 +117,37 @@ def test_one_host_copy_per_image_and_step_single_and_batched(bundled, decoder):
                                         decode_pixels=False, score=False)
     assert max(per_step) <= 2  # one per image still generating
     assert torch.equal(batch[0].tokens, single.tokens)
+
+
+def test_no_device_synchronize_in_the_step_loop(bundled, monkeypatch):
+    """The engine's phase clock reads CUDA events once per trace, not torch.cuda.synchronize every step (on a GPU
+    a synchronize per step stalls the launch queue). On the CPU the clock is checked on a fake CUDA device."""
+    from ssd_core import engine
+
+    calls = {"sync": 0, "record": 0, "elapsed": 0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self):
+            calls["record"] += 1
+
+        def synchronize(self):
+            calls["sync"] += 1
+
+        def elapsed_time(self, other):
+            calls["elapsed"] += 1
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    clock = engine.Clock(torch.device("cuda"))
+    for _ in range(50):  # fifty steps: marks only
+        a, b = clock.mark(), clock.mark()
+        clock.add("forward", a, b)
+    assert calls == {"sync": 0, "record": 100, "elapsed": 0}
+    assert clock.seconds("forward") == pytest.approx(0.05) and calls["sync"] == 1
+    model, heads = bundled
+    r = ssd_core.generate(model, heads, prompt=1, decoder="ssd-exact", seed=1, grid=(5, 5), decode_pixels=False)
+    t = r.trace.timings
+    assert t["forward"] > 0 and t["policy"] > 0 and t["forward"] + t["policy"] <= t["wall"]
