@@ -290,10 +290,19 @@ def _holder_class():
         """The AR model's transformers module as ComfyUI's ModelPatcher sees it: one module with a plain
         ``device`` attribute (ModelPatcher writes it; a transformers model's ``device`` is read-only)."""
 
-        def __init__(self, module, device):
+        def __init__(self, module, device, engine_model=None):
             super().__init__()
             self.inner = module
             self.device = device
+            self.engine_model = engine_model  # the GridModel: its static caches are freed when ComfyUI moves it
+
+        def _apply(self, fn, *args, **kwargs):
+            out = super()._apply(fn, *args, **kwargs)
+            if self.engine_model is not None:  # caches stay where they were made: unloaded with the weights
+                from ..ssd_core import static_cache
+
+                static_cache.release(self.engine_model)
+            return out
 
     return SSDWeights
 
@@ -311,9 +320,13 @@ def manage(model, device):
 
     if is_placed(model.model):
         return None
-    holder = _holder_class()(model.model, device)
+    from ..ssd_core import static_cache
+
+    holder = _holder_class()(model.model, device, model)
+    # a static cache lives beside the weights for as long as the model: ComfyUI counts both
+    cache = static_cache.cache_bytes(model) if static_cache.mode_of(model) != "off" else 0
     patcher = mp.ModelPatcher(holder, load_device=device, offload_device=mm.unet_offload_device(),
-                              size=mm.module_size(model.model))
+                              size=mm.module_size(model.model) + cache)
     load_to_device(patcher)
     return patcher
 

@@ -34,6 +34,7 @@ def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:
     quantum = -(-max(row_stride, 1) // 16) * 8  # half a row, rounded up to 8
     largest = rows * row_stride + 8
     return (1, 8) + tuple(range(quantum if quantum > 8 else 16, largest + quantum, quantum))
+POOL_ENTRIES = 2  # static caches a model keeps (one per streams x capacity); the least recently used is freed
 MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
 
 
@@ -98,6 +99,38 @@ def unsupported_compile(module: torch.nn.Module) -> str | None:
         where = " and ".join(p for p in ("cpu", "disk") if p in places) or "cpu"
         return f"accelerate offloads part of it to the {where} (offload auto / a device_map)"
     return None
+
+
+def cache_bytes(model, streams: int = 2, prompt_len: int = 256) -> int:
+    """Bytes of one static cache for the model's largest layout: keys and values of every layer for `streams`
+    rows (2: a guided image) of the capacity StaticSession allocates (Emu3 at 90x90 in bf16: about 2.3 GB)."""
+    cfg = model.backbone().config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = getattr(cfg, "num_attention_heads", 1)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    opts = getattr(model, "static", None)
+    slots = opts.slots if opts is not None else max(model.layout(g).num_slots for g in model.grid_options())
+    widest = max(opts.buckets) if opts is not None else 0
+    capacity = -(-(prompt_len + slots + widest) // 64) * 64
+    return cfg.num_hidden_layers * 2 * streams * kv_heads * capacity * head_dim * model.dtype.itemsize
+
+
+def pool_bytes(model) -> int:
+    """Bytes the model's static caches hold now."""
+    opts = getattr(model, "static", None)
+    if opts is None:
+        return 0
+    return sum(t.numel() * t.element_size() for cache, _, _ in opts.pool.values()
+               for k, v in layer_tensors(cache) for t in (k, v))
+
+
+def release(model) -> None:
+    """Free the model's static caches (ComfyUI unloading the model); the next generation allocates anew."""
+    opts = getattr(model, "static", None)
+    if opts is not None:
+        with opts.lock:
+            opts.pool.clear()
 
 
 def mode_of(model) -> str:
@@ -177,7 +210,11 @@ class StaticSession:
         need = self.prompt_len + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
         self.capacity = -(-need // 64) * 64  # rounded, so that prompts of nearby lengths share a cache
         key = (self.batch, self.capacity)
-        if key not in opts.pool:
+        if key in opts.pool:
+            opts.pool[key] = opts.pool.pop(key)  # the most recently used last
+        else:
+            while len(opts.pool) >= POOL_ENTRIES:  # free the least recently used cache (and its compiled step)
+                opts.pool.pop(next(iter(opts.pool)))
             cache = _new_cache(model, self.capacity)
             opts.pool[key] = (cache, _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if opts.compiled else None)

@@ -193,3 +193,37 @@ def test_padding_wastes_under_a_quarter_on_the_bundled_model():
         old = [static_cache.bucket(n, static_cache.BUCKETS) for n in sizes]
         print(f"{decoder} {'heads' if drafter else 'no heads'}: windows mean {sum(sizes) / len(sizes):.1f} max "
               f"{max(sizes)}; padding waste {waste:.1%} (fixed buckets: {1 - sum(sizes) / sum(old):.1%})")
+
+
+def test_the_pool_keeps_two_caches_frees_the_oldest_and_counts_its_bytes(tmp_path):
+    """A model kept its static caches for ever, one more per batch size / prompt length, and ComfyUI did not
+    count them (Emu3 at 90x90: ~2.3 GB each). Now at most POOL_ENTRIES, the least recently used freed first;
+    cache_bytes says what one costs, release frees them all."""
+    folder = make_llama_grid(tmp_path / "model", grid=(3, 4))
+    model = static_cache.enable(ssd_core.load_model(folder), "static")
+    kw = dict(prompt=1, decoder="ar", seed=1, decode_pixels=False, score=False)
+    ssd_core.generate(model, None, cfg=3.0, **kw)  # 2 streams
+    pool = model.static.pool
+    (streams, capacity), = pool
+    prompt_len = model.start(model.build_prompt(1, "", True, model.default_grid)).prompt_len
+    assert static_cache.pool_bytes(model) == static_cache.cache_bytes(model, streams=2, prompt_len=prompt_len) > 0
+    ssd_core.generate(model, None, cfg=1.0, **kw)  # 1 stream: a second cache
+    ssd_core.generate_batch(model, None, prompts=[1, 2], seeds=[1, 2], decoder="ar", cfg=3.0, decode_pixels=False,
+                            score=False)  # 4 streams: the first (2 streams) is the least recently used
+    assert len(pool) == static_cache.POOL_ENTRIES == 2 and (2, capacity) not in pool
+    static_cache.release(model)
+    assert not pool and static_cache.pool_bytes(model) == 0
+    assert ssd_core.generate(model, None, cfg=3.0, **kw).tokens.numel() == 12  # a new cache is made
+
+
+def test_comfyui_counts_the_static_cache_and_frees_it_when_it_moves_the_model(tmp_path):
+    from conftest import pack_module
+
+    comfy = pack_module("nodes._comfy")
+    folder = make_llama_grid(tmp_path / "model", grid=(3, 4))
+    model = static_cache.enable(ssd_core.load_model(folder), "static")
+    ssd_core.generate(model, None, prompt=1, decoder="ar", seed=1, decode_pixels=False, score=False)
+    assert static_cache.pool_bytes(model) > 0
+    holder = comfy._holder_class()(model.model, torch.device("cpu"), model)
+    holder.to("cpu")  # ComfyUI offloading (or loading) the model
+    assert static_cache.pool_bytes(model) == 0
