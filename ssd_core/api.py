@@ -14,7 +14,7 @@ from .engine import decode_batch
 from .errors import SSDError
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
-from .sampling import settings_from
+from .sampling import check_seed, settings_from
 from .trace import Trace
 
 REFERENCE_DIR = Path(__file__).parent / "reference"
@@ -193,7 +193,8 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     if prompts is None:
         prompts = [prompt if prompt is not None else 0] * n
     if seeds is None:
-        seeds = [(int(seed) + i) % 2**64 for i in range(n)]  # 64-bit seeds wrap
+        check_seed(seed)  # the first seed obeys the rule; the ones after it count on modulo 2^64
+        seeds = [(int(seed) + i) % 2**64 for i in range(n)]
     grid = check_grid_value(grid)
     for name, value in (("draft_rows", draft_rows), ("verify_rounds", verify_rounds), ("window", window),
                         ("stable_first_row", stable_first_row), ("adaptive_percent", adaptive_percent),

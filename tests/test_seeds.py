@@ -52,3 +52,11 @@ def test_the_cli_refuses_a_negative_seed_in_one_line(tmp_path):
                          timeout=120)
     assert run.returncode != 0 and "seed must be from 0 to 2^64 - 1" in run.stderr
     assert len(run.stderr.strip().splitlines()) <= 2 and "Traceback" not in run.stderr
+
+
+def test_a_batch_refuses_a_first_seed_outside_the_range(bundled):
+    model, _ = bundled
+    for seed in (-1, 2**64):
+        with pytest.raises(SSDError, match="seed must be from 0 to 2"):
+            ssd_core.generate_batch(model, None, prompt=1, seed=seed, batch_size=2, decoder="ar", grid=(2, 2),
+                                    decode_pixels=False, score=False)
