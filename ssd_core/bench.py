@@ -107,6 +107,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
             results[label].append(r)
         log(f"image {i + 1}/{len(prompts)} done")
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
+    ops = {label: step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]) for label, decoder, params in variants}
     ar = results["ar"]
     ar_nll = statistics.median([a.trace.nll for a in ar])
     ar_full = statistics.median([a.trace.nll_full for a in ar])
@@ -132,6 +133,9 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
             "wall_s": round(statistics.median(walls), 4), "nll": finite_or_none(round(statistics.median(nlls), 4)),
             "nll_gap": finite_or_none(round((statistics.median(nlls) - ar_nll) / ar_nll, 4)),  # of the medians
             "identical_to_ar": exactness,
+            # the share of cells with ar's token (1 for an exact decoder in fp32; bf16 rounding can move a few)
+            "same_cells_as_ar": round(statistics.mean([float((r.tokens == a.tokens).float().mean()) for r, a in zip(runs, ar)]), 4),
+            **ops[label],
             "nll_full": round(statistics.median(fulls), 4),
             "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
             "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
@@ -171,6 +175,21 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
         more = f" ({len(failed) - 1} more output(s) kept the same way)" if len(failed) > 1 else ""
         raise SSDError(failed[0] + more)
     return report
+
+
+def step_ops(model, heads, o: BenchOptions, label: str, decoder: str, params: dict, prompt, seed) -> dict:
+    """Ops a step launches outside the base model's forward (opcount; one extra run of the first image, not
+    timed): on a GPU each is a kernel launch of 5-10 us. policy_ops: the decoder's share of them (not in the
+    draft heads' networks)."""
+    from .opcount import count_ops
+
+    drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+    with count_ops(drafter) as c:
+        generate(model, drafter, prompt=prompt, negative_prompt=o.negative_prompt, decoder=decoder, seed=seed,
+                 cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
+                 draft_rows=o.draft_rows, window=o.window, repair=o.repair, **params, grid=o.grid,
+                 decode_pixels=False, score=False)
+    return {"ops_per_step": round(c.per_step(), 1), "head_ops_per_step": round(c.head_total / max(c.steps, 1), 1)}
 
 
 def _keep(path, write, flag: str, failed: list, log=None) -> None:
@@ -230,7 +249,8 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
 
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
-            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}{'cls acc':>9}{'fd':>8}  identical")
+            f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}{'ops/st':>8}"
+            f"{'cls acc':>9}{'fd':>8}{'same':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
     for r in report["rows"]:
@@ -238,8 +258,8 @@ def print_table(report: dict, log=print) -> None:
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
-            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%"
-            f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}  {ident}")
+            f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
+            f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}{_num(r.get('same_cells_as_ar'), 100, '-', 1):>7}%  {ident}")
     if "yardstick" in report:
         y, n = report["yardstick"], report["images"]
         log(f"yardstick v{y['version']}: real held-out glyphs {y['real_acc'] * 100:.1f}% class accuracy; real_fd "

@@ -28,6 +28,8 @@ class OpCounter(TorchDispatchMode):
         self.ops: Counter = Counter()  # op name -> launches outside the forwards
         self.float64: Counter = Counter()  # op name -> launches with a float64 input or output
         self.steps = 0
+        self.in_heads = 0  # inside a draft head's network: counted in head_ops too
+        self.head_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -35,6 +37,7 @@ class OpCounter(TorchDispatchMode):
             name = str(func.overloadpacket)
             if name not in FREE:
                 self.ops[name] += 1
+                self.head_ops += self.in_heads > 0
             tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             if any(t.dtype == torch.float64 for t in tensors):
                 self.float64[name] += 1
@@ -44,14 +47,19 @@ class OpCounter(TorchDispatchMode):
     def total(self) -> int:
         return sum(self.ops.values())
 
+    @property
+    def head_total(self) -> int:
+        return self.head_ops
+
     def per_step(self) -> float:
         return self.total / max(self.steps, 1)
 
 
 @contextlib.contextmanager
-def count_ops():
-    """with count_ops() as c: generate(...) -> c.per_step(), c.ops, c.float64 (ops outside the base model's
-    forwards; prefill and scoring run through the same forwards and are not counted)."""
+def count_ops(heads=None):
+    """with count_ops(heads) as c: generate(...) -> c.per_step(), c.ops, c.float64, c.head_total (ops outside the
+    base model's forwards, those inside the heads' networks also counted apart; prefill and scoring run through
+    the same forwards and are not counted)."""
     from .session import Session
     from .static_cache import StaticSession
 
@@ -68,11 +76,21 @@ def count_ops():
                 counter.active = was
         return uncounted
 
+    def enter(*_):
+        counter.in_heads += 1
+
+    def leave(*_):
+        counter.in_heads -= 1
+
+    hooks = [] if heads is None else [h for m in (heads.horizontal, heads.vertical)
+                                      for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     for cls, name, fn in originals:  # the prefill (a session's start) and every step's forward
         setattr(cls, name, wrap(fn, name == "forward"))
     try:
         with counter:
             yield counter
     finally:
+        for h in hooks:
+            h.remove()
         for cls, name, fn in originals:
             setattr(cls, name, fn)

@@ -152,5 +152,10 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
     assert rows["ar"]["acceptance_round0"] is None and rows["ssd-exact"]["expected_acceptance"] is None
     by_round = rows["ssd r=2"]["acceptance_by_verify_round"]
     assert {"0", "1", "2"} <= set(by_round) and by_round["0"]["accepted"] == rows["ssd r=2"]["acceptance_round0"]
+    assert rows["ssd-exact"]["same_cells_as_ar"] == rows["ar"]["same_cells_as_ar"] == 1.0  # fp32: identical
+    assert 0 <= rows["ssd r=0"]["same_cells_as_ar"] < 1
+    for row in rows.values():  # per-step overhead outside the forward (opcount), the heads' ops among them
+        assert row["ops_per_step"] > 0 and 0 <= row["head_ops_per_step"] < row["ops_per_step"]
+    assert rows["ar"]["head_ops_per_step"] == 0 < rows["ssd-exact"]["head_ops_per_step"]
     img = Image.open(tmp_path / "fresh" / "tradeoff.png")
     assert img.size[0] >= 400 and len(np.unique(np.asarray(img.convert("L")))) > 2  # drawn, not blank
