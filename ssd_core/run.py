@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 from . import trace as T
+from .errors import SSDError
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
-                       log_probs, seeded_generator)
+                       log_probs, not_finite_message, seeded_generator)
 from .session import Layout, Session
 
 
@@ -101,9 +102,19 @@ class Run:
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
         guided = guide(logits, self.settings.cfg, self.settings.min_p)
-        self.expect(all_rows_finite(guided),
-                    lambda: check_finite(guided, self.settings, slots, logits, source))
+        if source != "heads":  # drafts: the heads' features are checked once a chain (check_heads)
+            self.expect(all_rows_finite(guided),
+                        lambda: check_finite(guided, self.settings, slots, logits, source))
         return log_probs(guided, self.settings, check=False)
+
+    def check_heads(self, features: torch.Tensor, slots: torch.Tensor) -> None:
+        """At the step's sync: the features [B, n, d] the heads drafted slots [n] from are finite (else the heads
+        are broken; non-finite logits from finite features would be the model's, caught at its verification)."""
+        def fail():
+            bad = ~features.isfinite().all(-1).all(0)  # [n] slots drafted from a non-finite feature
+            raise SSDError(not_finite_message(bad, self.settings, slots, None, "heads"))
+
+        self.expect(features.isfinite().all(), fail)
 
     # ---- the one host copy per step ---------------------------------------------------------------
     def expect(self, ok: torch.Tensor, fail) -> None:

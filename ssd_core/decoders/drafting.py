@@ -15,7 +15,7 @@ def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
     return run.model.embed(ids[None])[0]  # [n] ids -> [n, d]
 
 
-def draft(run: Run, target: int, pick) -> None:
+def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
     """Fill slots [run.end, target) with drafts; pick(logp [n, V], a, b) -> codes [n] for the image slots
     of ranks [a, b).
 
@@ -23,7 +23,8 @@ def draft(run: Run, target: int, pick) -> None:
     slots come from Hv (whole row at once, from the row above, shifted by heads.vertical_shift columns) or,
     in the first row, from an Hh chain.
     Heads with `vertical_left` draft a Hv row left to right: each cell's feature also reads the token just
-    drafted there (acceptance.vertical_drafts).
+    drafted there (acceptance.vertical_drafts); jacobi > 0: instead, every cell of the stretch at once, that
+    many sweeps from the row above's tokens (_jacobi_row: a few head calls a row instead of one per cell).
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
@@ -35,7 +36,9 @@ def draft(run: Run, target: int, pick) -> None:
         stop = min(target, row_start + W)  # image cells of this row to draft now
         slots = run.slots(s, stop)
         if s >= stride:  # vertical: from the row above
-            if heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
+            if heads.vertical_left and jacobi and stop - s > 1:  # the whole stretch at once, a few sweeps
+                codes = _jacobi_row(run, s, stop, pick, jacobi)
+            elif heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
                 codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_step)
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
@@ -43,6 +46,7 @@ def draft(run: Run, target: int, pick) -> None:
                     pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
                 run.head_calls += 1
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
+                run.check_heads(prev, slots)
                 codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
                 run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
@@ -52,23 +56,66 @@ def draft(run: Run, target: int, pick) -> None:
         s = run.end
 
 
-def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None) -> torch.Tensor:
+def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last_feature: bool = True) -> torch.Tensor:
     """A chain along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
     slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code),
     e(code before it in the chain, None at lo)) (default Hh(prev, e(code)); `_left_step` for a vertical_left Hv); the
-    features are written. -> codes [hi - lo]."""
+    features are written (last_feature False: not the last slot's, which nothing drafts from). -> codes [hi - lo]."""
     picked, before = [], None
+    run.check_heads(prev, run.slots(lo, lo + 1))  # the feature drafting lo (the rest: checked below)
     for t in range(lo, hi):
         code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
                     run.rank[t] + 1)
         picked.append(code)
+        if t == hi - 1 and not last_feature:
+            break
         token = _embed(run, run.id_of_code[code])[0]
         with torch.no_grad():
             prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
         before = token
         run.features[:, t] = prev
         run.head_calls += 1
+    if hi - lo > 1:
+        run.check_heads(run.features[:, lo:hi - 1], run.slots(lo + 1, hi))
     return torch.cat(picked)
+
+
+def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
+    """Drafts of the image slots [lo, hi) of one row below the first, all cells at once: each sweep computes
+    every cell's vertical_left Hv feature from the row above and the current tokens on its left, then every
+    cell's code from the feature before it; the first guess is the row above's tokens. The left-to-right
+    chain (_chain with _left_step) is the fixed point this iteration reaches after at most hi - lo sweeps; a
+    few sweeps give nearly its drafts for `sweeps` + 1 head calls instead of hi - lo (the rest of the
+    per-cell ops alike). -> codes [hi - lo]; the features are written."""
+    heads, stride, W = run.heads, run.layout.row_stride, run.layout.grid[1]
+    slots = run.slots(lo, hi)  # [n]
+    first = (lo // stride) * stride - stride  # the row above's first slot
+    up = (slots - stride + heads.vertical_shift).clamp(first, first + W - 1)  # [n] the slots Hv reads above
+    right = (up + 1).clamp(max=first + W - 1)
+    upleft = (up - 1).clamp(min=first)
+    ids = run.ids
+    codes = run.codes[slots - stride]  # [n] first guess: the row above's tokens
+    above = [run.features[:, up], _embed(run, ids[up]), run.features[:, right], _embed(run, ids[right])]
+    two = heads.vertical_left >= 2
+    if two:
+        upper_left = [run.features[:, upleft], _embed(run, ids[upleft])]
+    start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
+    for sweep in range(sweeps + 1):
+        tokens = run.id_of_code[codes]  # [n] ids of the current tokens
+        e = _embed(run, torch.cat([ids[lo - 1:lo], tokens]))  # [n + 1, d]: the token before lo, then the row's
+        inputs = [above[0], above[1], e[1:], above[2], above[3]]
+        if two:
+            inputs += [e[:-1], *upper_left]
+        with torch.no_grad():
+            feats = heads.vertical(*inputs)  # [B, n, d] each cell's feature (it drafts the cell after it)
+        run.head_calls += 1
+        if sweep == sweeps:
+            break
+        prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features predicting the slots
+        run.check_heads(prev, slots)
+        codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[lo], run.rank[hi])
+    run.features[:, lo:hi] = feats
+    return codes
 
 
 def _above(run: Run, t: int, right: int = 0) -> int:
@@ -105,7 +152,8 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     with torch.no_grad():
         at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
     run.head_calls += 1
-    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample))
+    # the last re-drafted slot's old feature stays: the window's next rows were drafted already
+    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False))
 
 
 def _forced_features(run: Run, s: int) -> None:

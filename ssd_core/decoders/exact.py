@@ -17,6 +17,10 @@ from ..run import Policy, Run
 from .drafting import draft, draft_without_heads, reanchor_row, rows_end
 
 
+FIRST_ROW_REDRAFT = 4  # cells re-drafted by Hh after a correction in the first row (the rest keep the verifier's)
+JACOBI_SWEEPS = 1  # a new row's drafts: sweeps over the whole row at once (drafting._jacobi_row; 0: cell by cell)
+
+
 class ExactPolicy(Policy):
     name = "ssd-exact"
     needs_heads = False
@@ -32,7 +36,7 @@ class ExactPolicy(Policy):
             return
         target = rows_end(run, run.first_open, self.draft_rows)
         if run.heads is not None:
-            draft(run, target, run.gumbel_sample)
+            draft(run, target, run.gumbel_sample, JACOBI_SWEEPS)
         else:
             draft_without_heads(run, target, latest)
 
@@ -60,7 +64,7 @@ def verify(run: Run, logits, stop: int | None = None):
     n_final = min(run.sync(lead)[0] + 1, b - a)
     last_final = run.image_slots[a + n_final - 1]
     if run.heads is not None and n_final < b - a:  # a correction: re-draft after it from the corrected token
-        reanchor_row(run, last_final, run.layout.grid[1] if last_final < run.layout.row_stride else 1)
+        reanchor_row(run, last_final, FIRST_ROW_REDRAFT if last_final < run.layout.row_stride else 1)
     run.advance(last_final + 1)
     if last >= end and end < run.L:
         run.set_end(end + 1)
