@@ -1,17 +1,14 @@
 """`ssd-exact`: Gumbel-coupled drafts and prefix acceptance; the verifier's outputs become the next drafts.
 
 Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very image `ar` makes for the
-seed. A window token is final while every token before it was final or matched the verifier's output;
-the rest take the verifier's outputs (Jacobi iteration); heads, when given, extend the window and, after a
-correction, re-draft from the corrected token (`reanchor_row`): the rest of the row in the first row (where
-only Hh drafts), the next cell in the rows below (where the verifier's outputs, which see the row above, beat
-Hh past one step). Without heads the new rows start as copies of the row above, and the first row from the
-verifier's latest output.
-
-Measured on the bundled model (16 images, medians of ssd-exact's steps; `ar` 575): Jacobi only 108; first
-row re-drafted 99; plus one cell below 93.5 (two cells below 112.5, three 127; the first row's re-draft
-capped at 1 / 4 cells: 94.5 / 95.5, and ssd's steps 81.5 / 79 against 78.5 for the whole row).
-"""
+seed (in fp32; in bf16 / fp16 the window's rounding can change a token, and the images part). A window
+token is final while every token before it was final or matched the verifier's output; the rest take the
+verifier's outputs (Jacobi iteration); heads, when given, extend the window (a new row below the first in
+JACOBI_SWEEPS sweeps over the whole row, drafting._jacobi_row) and, after a correction, re-draft from the
+corrected token (`reanchor_row`): FIRST_ROW_REDRAFT cells in the first row (where only Hh drafts), the
+next cell in the rows below (where the verifier's outputs, which see the row above, beat Hh past one step).
+Without heads the new rows start as copies of the row above, and the first row from the verifier's latest
+output. The choices and their measured steps and ops per step: README, "GPUs and Macs"."""
 
 from ..run import Policy, Run
 from .drafting import draft, draft_without_heads, reanchor_row, rows_end
