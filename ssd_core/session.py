@@ -101,10 +101,12 @@ class Session:
         feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, None, prefill=True))
         self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
 
-    def _mask(self, n: int, visible: torch.Tensor | None, prefill: bool = False) -> torch.Tensor:
+    def _mask(self, n: int, visible: torch.Tensor | None, prefill: bool = False,
+              held: torch.Tensor | None = None) -> torch.Tensor:
         """Float additive mask [B, 1, n, keys]: prompt padding, each row's held slots, causal (and visible) window.
 
-        visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself)."""
+        visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself);
+        held: [B] on the device, each row's held slots (held_on_device), for a feed after the prompt."""
         dev, dtype = self.m.device, self.m.dtype
         P, past = self.prompt_len, self.cached
         win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None]  # [1 or B, n, n]
@@ -115,7 +117,8 @@ class Session:
         else:
             allowed = torch.ones(self.batch, n, P + past + n, dtype=torch.bool, device=dev)
             allowed[:, :, :P] &= self.prompt_mask[:, None, :]
-            allowed[:, :, P:P + past] = held_columns(self.held, past).to(dev)[:, None, :]
+            held = held_on_device(self.held_host, dev) if held is None else held
+            allowed[:, :, P:P + past] = held_columns(held, past)[:, None, :]
             allowed[:, :, P + past:] = win
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -130,19 +133,22 @@ class Session:
 
     @property
     def held(self) -> torch.Tensor:
-        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`)."""
+        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`, for checks; the steps use
+        held_on_device)."""
         return torch.tensor(self.held_host, dtype=torch.long)
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
 
-        visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible."""
+        visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible.
+        Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
-        pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(n, device=dev)[None]
-        feats = self._run(ids, pos, self._mask(n, visible))
-        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
+        held = held_on_device(self.held_host, dev)
+        pos = self.real_len[:, None] + held[:, None] + torch.arange(n, device=dev)[None]
+        feats = self._run(ids, pos, self._mask(n, visible, held=held))
+        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, held, self.cached, n, min(self.held_host))
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats
@@ -178,9 +184,23 @@ def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))
 
 
+def held_on_device(held: list[int], dev) -> torch.Tensor:
+    """Each row's held slots (host numbers) as a [B] long tensor on `dev`, without a host-to-device copy (which
+    waits for the device's queue on CUDA): one fill per run of equal rows (a single image: one fill)."""
+    if all(h == held[0] for h in held):
+        return torch.full((len(held),), held[0], dtype=torch.long, device=dev)
+    out = torch.empty(len(held), dtype=torch.long, device=dev)
+    start = 0
+    for i in range(1, len(held) + 1):
+        if i == len(held) or held[i] != held[start]:
+            out[start:i] = held[start]  # a fill of a slice: the number travels as a kernel argument
+            start = i
+    return out
+
+
 def held_columns(held: torch.Tensor, columns: int) -> torch.Tensor:
-    """[B, columns] bool: the slot columns each row holds (its keys), the rest masked out."""
-    return torch.arange(columns)[None, :] < held[:, None]
+    """[B, columns] bool on held's device: the slot columns each row holds (its keys), the rest masked out."""
+    return torch.arange(columns, device=held.device)[None, :] < held[:, None]
 
 
 def held_minimum(held: list[int], slots) -> list[int]:
@@ -194,16 +214,22 @@ def pack_fed_keys(layers, prompt_len: int, held: torch.Tensor, cached: int, n: i
     """After a feed of n slots written at slot columns [cached, cached + n) for every row: move row b's to
     [held_b, held_b + n), so that every row's keys stay in slot order from column 0 (in place).
 
-    layers: (keys, values) [B, heads, >= prompt_len + cached + n, head_dim]; held [B]: slots held before the feed."""
+    layers: (keys, values) [B, heads, >= prompt_len + cached + n, head_dim]; held [B]: slots held before the
+    feed (on the device: held_on_device); lo: the fewest of them (a host number; None reads it from held).
+    The gather index is built once per call on held's device (and copied once to any other device a layer's
+    cache sits on: a model split across GPUs), not once per layer."""
     lo = int(held.min()) if lo is None else lo  # the fewest slots a row held
     if lo == cached:  # every row held `cached` slots: the feed is in place already
         return
-    col = torch.arange(lo, cached + n)[None]  # [1, W] the slot columns that may change
+    col = torch.arange(lo, cached + n, device=held.device)[None]  # [1, W] the slot columns that may change
     offset = col - held[:, None]  # [B, W] column's index in the row's feed
     source = torch.where((offset >= 0) & (offset < n), cached + offset, col) - lo  # [B, W] column to read
+    on: dict[torch.device, torch.Tensor] = {held.device: source[:, None, :, None]}
     a, b = prompt_len + lo, prompt_len + cached + n
     for keys, values in layers:
-        index = source.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+        if keys.device not in on:
+            on[keys.device] = source.to(keys.device)[:, None, :, None]
+        index = on[keys.device].expand(-1, keys.shape[1], -1, keys.shape[3])
         keys[:, :, a:b] = keys[:, :, a:b].gather(2, index)
         values[:, :, a:b] = values[:, :, a:b].gather(2, index)
 

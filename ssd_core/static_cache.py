@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import SSDError
-from .session import Prompt, cache_kwarg, held_columns, held_minimum, layer_tensors, pack_fed_keys
+from .session import Prompt, cache_kwarg, held_columns, held_minimum, held_on_device, layer_tensors, pack_fed_keys
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
 WINDOW_ROWS = 4  # ssd-exact's default window: its 3 drafted rows plus the final-but-uncached slots of the row before
@@ -244,11 +244,14 @@ class StaticSession:
 
     @property
     def held(self) -> torch.Tensor:
-        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`)."""
+        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`, for checks; the steps use
+        held_on_device)."""
         return torch.tensor(self.held_host, dtype=torch.long)
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d]."""
+        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+
+        Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)
@@ -260,17 +263,20 @@ class StaticSession:
         if start + width > self.capacity:
             raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
                            "load the model with compile 'off'")
-        pos = self.real_len[:, None] + self.held.to(dev)[:, None] + torch.arange(width, device=dev)[None]
-        feats = self._step(self.m.embed(ids), self._allowed(width, visible), pos, start, compiled=size is not None)
-        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, self.held, self.cached, n, min(self.held_host))
+        held = held_on_device(self.held_host, dev)
+        pos = self.real_len[:, None] + held[:, None] + torch.arange(width, device=dev)[None]
+        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held), pos, start,
+                           compiled=size is not None)
+        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, held, self.cached, n, min(self.held_host))
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
         return feats[:, :n]
 
-    def _allowed(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
+    def _allowed(self, width: int, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
         """[B, width, C] bool: real prompt keys, each row's held slots, the causal (and visible) window; nothing later.
 
-        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself)."""
+        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself); held [B]: each
+        row's held slots, on the device."""
         dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
         keys = torch.arange(self.capacity, device=dev)
         queries = torch.arange(width, device=dev)[:, None]
@@ -281,7 +287,7 @@ class StaticSession:
             shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
             shown[:, :visible.shape[1]] = visible
             window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
-        past = torch.nn.functional.pad(held_columns(self.held, self.cached).to(dev), (P, self.capacity - start))[:, None]
+        past = torch.nn.functional.pad(held_columns(held, self.cached), (P, self.capacity - start))[:, None]
         prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
         return prompt[:, None, :] | window | past
 

@@ -65,10 +65,12 @@ class JanusModel(TextGridModel):
         return self.model.model.language_model.norm
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Text ids through the text embeddings, image ids (text_vocab + code) through the generation embeddings
+        and aligner, picked per token on the device. Both run for every call: asking whether a call holds any
+        image id would copy that answer to the host (a sync every forward), and the unused half costs one
+        embedding lookup and the aligner's two small matmuls on a few dozen tokens."""
         is_image = ids >= self.text_vocab
         text = self.model.get_input_embeddings()(ids.clamp(max=self.text_vocab - 1))
-        if not bool(is_image.any()):
-            return text
         image = self.model.prepare_embeddings_for_image_generation((ids - self.text_vocab).clamp(min=0))
         return torch.where(is_image.to(text.device)[..., None], image.to(text.device, text.dtype), text)
 
