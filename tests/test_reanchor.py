@@ -60,7 +60,7 @@ def test_exact_rule_reanchors_after_each_correction(tiny, monkeypatch):
     model, heads = tiny
     layout = model.layout(None)
     calls = []
-    monkeypatch.setattr(exact, "reanchor_row", lambda run, k, cells: calls.append((k, cells)) or reanchor_row(run, k, cells))
+    monkeypatch.setattr(exact, "reanchor_row", lambda run, k, cells, **kw: calls.append((k, cells)) or reanchor_row(run, k, cells, **kw))
     ssd_core.generate(model, heads, decoder="ssd-exact", prompt=1, seed=2, cfg=3.0, top_k=8, score=False)
     assert any(k < layout.row_stride for k, _ in calls) and any(k >= layout.row_stride for k, _ in calls)
     assert all(cells == (exact.FIRST_ROW_REDRAFT if k < layout.row_stride else 1) for k, cells in calls)

@@ -141,7 +141,7 @@ def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before
                               run.features[:, upleft], e[2])
 
 
-def reanchor_row(run: Run, k: int, cells: int) -> None:
+def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> None:
     """Slot k's token was just corrected (final, not yet fed): re-draft up to `cells` window slots after it in
     its row by an Hh chain from the exact feature before k and k's token, Gumbel-coupled as every exact draft
     is (the verifier's outputs there saw the rejected token)."""
@@ -152,8 +152,8 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     with torch.no_grad():
         at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
     run.head_calls += 1
-    # the last re-drafted slot's old feature stays: the window's next rows were drafted already
-    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False))
+    # last_feature False: the last re-drafted slot's old feature stays (the window's next rows are drafted already)
+    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=last_feature))
 
 
 def _forced_features(run: Run, s: int) -> None:

@@ -38,10 +38,12 @@ class ExactPolicy(Policy):
             draft_without_heads(run, target, latest)
 
 
-def verify(run: Run, logits, stop: int | None = None):
+def verify(run: Run, logits, stop: int | None = None, lean: bool = True):
     """Prefix acceptance of the window against the verifier's Gumbel-coupled outputs (which become the drafts
     of the slots not yet final); returns the verifier's log p [V] at the window's last open slot (or None).
-    stop: no slot from `stop` on is decided (the window does not grow past it)."""
+    stop: no slot from `stop` on is decided (the window does not grow past it). lean (ssd-exact): the cheaper
+    re-drafts (FIRST_ROW_REDRAFT cells, no feature for the last); ssd keeps the whole-row ones, so that the
+    features its lossy rows are drafted from, and so its images, stay as they were."""
     start, end = run.start, run.end
     a, b = run.open_span(start, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
     if b == a:
@@ -61,7 +63,9 @@ def verify(run: Run, logits, stop: int | None = None):
     n_final = min(run.sync(lead)[0] + 1, b - a)
     last_final = run.image_slots[a + n_final - 1]
     if run.heads is not None and n_final < b - a:  # a correction: re-draft after it from the corrected token
-        reanchor_row(run, last_final, FIRST_ROW_REDRAFT if last_final < run.layout.row_stride else 1)
+        first_row = last_final < run.layout.row_stride
+        cells = (FIRST_ROW_REDRAFT if lean else run.layout.grid[1]) if first_row else 1
+        reanchor_row(run, last_final, cells, last_feature=not lean)
     run.advance(last_final + 1)
     if last >= end and end < run.L:
         run.set_end(end + 1)

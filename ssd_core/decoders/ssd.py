@@ -50,7 +50,7 @@ class SSDPolicy(Policy):
         if self.repair and run.start < run.first_open:
             self.repair_committed(run, logits)
         if self.stable_first_row == 2 and run.first_open < stride:  # the first row as ar draws it
-            verify_exactly(run, logits, stop=stride)
+            verify_exactly(run, logits, stop=stride, lean=False)
             if run.first_open < stride:
                 draft(run, stride, run.gumbel_sample)
                 return  # else the first row is final: the first lossy block is drafted below
