@@ -1,8 +1,8 @@
 """ComfyUI-SSD: spatially speculative decoding for autoregressive image models.
 
-ComfyUI imports this folder as a package and reads NODE_CLASS_MAPPINGS and WEB_DIRECTORY.
-Outside ComfyUI (no ``folder_paths`` module, e.g. pytest or a plain ``import``) the mappings
-stay empty so that importing the pack never fails; the nodes live in ``.nodes``.
+ComfyUI imports this folder as a package and reads WEB_DIRECTORY and ``comfy_entrypoint`` (its V3 node schema,
+ComfyUI >= 0.3.64). Outside ComfyUI (no ``folder_paths`` module, e.g. pytest or a plain ``import``) nothing is
+imported, so that importing the pack never fails; the nodes live in ``.nodes``.
 """
 
 WEB_DIRECTORY = "./web"
@@ -11,11 +11,10 @@ try:
     import folder_paths  # only importable inside ComfyUI
 except ImportError:
     folder_paths = None
-if getattr(folder_paths, "get_folder_paths", None) is None:  # not ComfyUI's (e.g. a folder of that name)
-    NODE_CLASS_MAPPINGS = {}
-    NODE_DISPLAY_NAME_MAPPINGS = {}
-else:
-    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-del folder_paths
+if getattr(folder_paths, "get_folder_paths", None) is not None:  # ComfyUI's (not a folder of that name)
+    from .nodes import comfy_entrypoint
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
+    __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]
+else:
+    __all__ = ["WEB_DIRECTORY"]
+del folder_paths

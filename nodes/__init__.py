@@ -1,6 +1,11 @@
-"""The pack's nodes: thin adapters from ComfyUI inputs to ssd_core calls."""
+"""The pack's nodes (ComfyUI's V3 schema): thin adapters from ComfyUI inputs to ssd_core calls.
+
+ComfyUI reads ``comfy_entrypoint`` (re-exported by the pack's root ``__init__``): an extension listing the four
+nodes. Their ids (``SSDLoadModel`` ...) and input order are those of the classic nodes they replaced, so saved
+workflows load and run unchanged."""
 
 from . import _comfy
+from ._io import STAND_IN, ComfyExtension, io
 from .loaders import SSDLoadHeads, SSDLoadModel, SSDModel
 from .sampler import SSDSampler
 from .trace import SSDTraceToImage
@@ -8,18 +13,18 @@ from .trace import SSDTraceToImage
 _comfy.register_folders()
 _comfy.register_routes()
 
-NODE_CLASS_MAPPINGS = {
-    "SSDLoadModel": SSDLoadModel,
-    "SSDLoadHeads": SSDLoadHeads,
-    "SSDSampler": SSDSampler,
-    "SSDTraceToImage": SSDTraceToImage,
-}
+NODE_LIST = [SSDLoadModel, SSDLoadHeads, SSDSampler, SSDTraceToImage]
+NODES = {cls.define_schema().node_id: cls for cls in NODE_LIST}  # node id -> class
 
-NODE_DISPLAY_NAME_MAPPINGS = {
-    "SSDLoadModel": "Load AR Image Model (SSD)",
-    "SSDLoadHeads": "Load SSD Heads",
-    "SSDSampler": "SSD Sampler",
-    "SSDTraceToImage": "SSD Trace to Image",
-}
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "SSDModel"]
+class SSDExtension(ComfyExtension):
+    async def get_node_list(self):
+        return list(NODE_LIST)
+
+
+async def comfy_entrypoint():
+    return SSDExtension()
+
+
+__all__ = ["NODES", "NODE_LIST", "SSDExtension", "SSDModel", "comfy_entrypoint", "STAND_IN", "io",
+           "SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"]

@@ -183,8 +183,14 @@ def torch_device(choice):
             raise ValueError("device 'cuda' was chosen but this machine has no CUDA GPU visible to "
                              "torch: pick 'auto' or 'cpu'.")
         return torch.device("cuda")
+    if choice == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError("device 'mps' was chosen but this machine has no Apple GPU visible to torch "
+                             "(macOS with Apple silicon): pick 'auto' or 'cpu'.")
+        return torch.device("mps")
     if choice != "auto":
-        raise ValueError(f"unknown device '{choice}': pick auto, cpu or cuda.")
+        raise ValueError(f"unknown device '{choice}': pick auto, cpu, cuda or mps.")
     mm = _module("comfy.model_management", "get_torch_device")
     return torch.device("cpu") if mm is None else mm.get_torch_device()
 

@@ -1,12 +1,16 @@
-"""Load AR Image Model (SSD) and Load SSD Heads: ComfyUI inputs -> ssd_core.load_model / load_heads."""
+"""Load AR Image Model (SSD) and Load SSD Heads (V3 nodes): ComfyUI inputs -> ssd_core.load_model / load_heads.
+
+``execute`` is ComfyUI's entry; ``load`` is the same work as a plain call (tests, scripts)."""
 
 from .. import ssd_core
 from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
 from ..ssd_core.static_cache import MODES as COMPILE_MODES
 from . import _comfy
+from ._io import io
+from .types import CATEGORY, SSD_MODEL, check_choices
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-DEVICES = ["auto", "cpu", "cuda"]
+DEVICES = ["auto", "cpu", "cuda", "mps"]
 
 
 class SSDModel:
@@ -28,37 +32,47 @@ class SSDModel:
                 f"heads={self.heads_name!r})")
 
 
-class SSDLoadModel:
-    CATEGORY = "sampling/SSD"
-    RETURN_TYPES = ("SSD_MODEL",)
-    RETURN_NAMES = ("ssd_model",)
-    FUNCTION = "load"
-    DESCRIPTION = ("Loads an autoregressive image model: 'reference' is the small model bundled with "
-                   "this pack; others are transformers-format folders (with config.json) placed in "
-                   "ComfyUI/models/ssd_models.")
+class SSDLoadModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SSDLoadModel",
+            display_name="Load AR Image Model (SSD)",
+            category=CATEGORY,
+            description=("Loads an autoregressive image model: 'reference' is the small model bundled with "
+                         "this pack; others are transformers-format folders (with config.json) placed in "
+                         "ComfyUI/models/ssd_models."),
+            inputs=[
+                io.Combo.Input("model", options=_comfy.model_choices(), default=_comfy.BUNDLED,
+                               tooltip="folders under models/ssd_models holding a config.json"),
+                io.Combo.Input("dtype", options=DTYPES, default="auto",
+                               tooltip="auto = the model's own choice for the device"),
+                io.Combo.Input("device", options=DEVICES, default="auto",
+                               tooltip="auto = ComfyUI's device; mps = an Apple GPU"),
+                io.Combo.Input("quantization", options=list(QUANTIZATIONS), default="none", optional=True,
+                               tooltip="8-bit / 4-bit (NF4) weights through bitsandbytes for 12-16 GB cards (the "
+                                       "image head stays full precision); needs pip install bitsandbytes"),
+                io.Combo.Input("offload", options=list(OFFLOADS), default="none", optional=True,
+                               tooltip="auto: layers that do not fit in the free VRAM wait on the CPU "
+                                       "(accelerate; slower, CUDA only)"),
+                io.Combo.Input("compile", options=list(COMPILE_MODES), default="off", optional=True, tooltip=(
+                    "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
+                    "GPU; the first image of each window size compiles, slow; then faster steps)")),
+            ],
+            outputs=[SSD_MODEL.Output(display_name="ssd_model")],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model": (_comfy.model_choices(), {"default": _comfy.BUNDLED,
-                          "tooltip": "folders under models/ssd_models holding a config.json"}),
-                "dtype": (DTYPES, {"default": "auto", "tooltip": "auto = the model's own choice for the device"}),
-                "device": (DEVICES, {"default": "auto", "tooltip": "auto = ComfyUI's device"}),
-            },
-            "optional": {
-                "quantization": (list(QUANTIZATIONS), {"default": "none", "tooltip": "8-bit / 4-bit (NF4) "
-                                 "weights through bitsandbytes for 12-16 GB cards (the image head stays full "
-                                 "precision); needs pip install bitsandbytes"}),
-                "offload": (list(OFFLOADS), {"default": "none", "tooltip": "auto: layers that do not fit in the "
-                            "free VRAM wait on the CPU (accelerate; slower, CUDA only)"}),
-                "compile": (list(COMPILE_MODES), {"default": "off", "tooltip": (
-                    "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
-                    "GPU; the first image of each window size compiles, slow; then faster steps)")}),
-            },
-        }
+    def validate_inputs(cls, model=None):
+        """Before the run: a model folder that is not there (not downloaded yet) is refused by name."""
+        return check_choices(cls, model=model)
 
-    def load(self, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
+    @classmethod
+    def execute(cls, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
+        return io.NodeOutput(*cls.load(model, dtype, device, quantization, offload, compile))
+
+    @classmethod
+    def load(cls, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
         import torch
 
         if dtype not in DTYPES:
@@ -77,32 +91,41 @@ class SSDLoadModel:
         return (SSDModel(loaded, None, model, _comfy.NO_HEADS, patcher),)
 
 
-class SSDLoadHeads:
-    CATEGORY = "sampling/SSD"
-    RETURN_TYPES = ("SSD_MODEL",)
-    RETURN_NAMES = ("ssd_model",)
-    FUNCTION = "load"
-    DESCRIPTION = ("Attaches draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model; "
-                   "the ssd, ssd-exact decoders need them. 'reference' = the heads bundled for the "
-                   "reference model; 'none' = no heads (ar, sjd, zipar).")
+class SSDLoadHeads(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SSDLoadHeads",
+            display_name="Load SSD Heads",
+            category=CATEGORY,
+            description=("Attaches draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model; "
+                         "the ssd, ssd-exact decoders need them. 'reference' = the heads bundled for the "
+                         "reference model; 'none' = no heads (ar, sjd, zipar)."),
+            inputs=[
+                SSD_MODEL.Input("ssd_model"),
+                io.Combo.Input("heads", options=_comfy.heads_choices(), default=_comfy.BUNDLED),
+                io.String.Input("hub_repo", default="", optional=True,
+                                tooltip="a Hugging Face repo id (owner/name) holding heads; when set it replaces the "
+                                        "heads list. Kept in models/ssd_heads/<repo id>"),
+                io.String.Input("hub_file", default="heads.safetensors", optional=True,
+                                tooltip="the heads file in that repo"),
+                io.Boolean.Input("download", default=False, optional=True,
+                                 tooltip="fetch the file from the Hub when it is not in models/ssd_heads yet (off: "
+                                         "never touch the network)"),
+            ],
+            outputs=[SSD_MODEL.Output(display_name="ssd_model")],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "ssd_model": ("SSD_MODEL",),
-                "heads": (_comfy.heads_choices(), {"default": _comfy.BUNDLED}),
-            },
-            "optional": {
-                "hub_repo": ("STRING", {"default": "", "tooltip": "a Hugging Face repo id (owner/name) holding "
-                             "heads; when set it replaces the heads list. Kept in models/ssd_heads/<repo id>"}),
-                "hub_file": ("STRING", {"default": "heads.safetensors", "tooltip": "the heads file in that repo"}),
-                "download": ("BOOLEAN", {"default": False, "tooltip": "fetch the file from the Hub when it is not "
-                             "in models/ssd_heads yet (off: never touch the network)"}),
-            },
-        }
+    def validate_inputs(cls, heads=None):
+        return check_choices(cls, heads=heads)
 
-    def load(self, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
+    @classmethod
+    def execute(cls, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
+        return io.NodeOutput(*cls.load(ssd_model, heads, hub_repo, hub_file, download))
+
+    @classmethod
+    def load(cls, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
         if not isinstance(ssd_model, SSDModel):
             raise ssd_core.SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)'.")
         if hub_repo and hub_repo.strip():

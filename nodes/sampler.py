@@ -1,4 +1,7 @@
-"""SSD Sampler: ComfyUI inputs -> ssd_core.generate, with progress, previews, cancel and live events."""
+"""SSD Sampler (a V3 node): ComfyUI inputs -> ssd_core.generate, with progress, previews, cancel and live events.
+
+``execute`` is ComfyUI's entry (the node id, for the widget's events, is its hidden ``unique_id``); ``sample`` is
+the same work as a plain call returning ``{"ui": ..., "result": (...)}`` (tests, scripts)."""
 
 import time
 
@@ -11,7 +14,9 @@ from ..ssd_core.memory import out_of_memory
 from ..ssd_core.families.llama_grid import class_index
 from . import _comfy, grids
 from . import trace as trace_mod
+from ._io import io
 from .loaders import SSDModel
+from .types import CATEGORY, SSD_MODEL, SSD_TRACE
 
 SSDError = ssd_core.SSDError
 AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p
@@ -77,59 +82,71 @@ class _Preview:
         return canvas
 
 
-class SSDSampler:
-    CATEGORY = "sampling/SSD"
-    RETURN_TYPES = ("IMAGE", "SSD_TRACE", "STRING")
-    RETURN_NAMES = ("image", "trace", "stats")
-    OUTPUT_TOOLTIPS = ("the decoded images (a batch of batch_size)",
-                       "how every token became final (for SSD Trace to Image; a list for a batch)",
-                       "steps, tokens per step, time, acceptance counts (a line per image)")
-    FUNCTION = "sample"
-    OUTPUT_NODE = True  # runs (and draws its grid) even with nothing connected; resends its trace when cached
-    DESCRIPTION = ("Generates an image token by token with an autoregressive model. decoder: ar = one "
-                   "token per step (the reference); ssd = spatially speculative decoding (needs heads); "
-                   "ssd-exact = the same image as ar for the same seed, in fewer steps; sjd, zipar = peers.")
+class SSDSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SSDSampler",
+            display_name="SSD Sampler",
+            category=CATEGORY,
+            description=("Generates an image token by token with an autoregressive model. decoder: ar = one "
+                         "token per step (the reference); ssd = spatially speculative decoding (needs heads); "
+                         "ssd-exact = the same image as ar for the same seed, in fewer steps; sjd, zipar = peers."),
+            # new inputs go last: saved workflows keep their widget values by position
+            inputs=[
+                SSD_MODEL.Input("ssd_model"),
+                io.String.Input("prompt", multiline=True, default="face",
+                                tooltip="text; for class-conditional models (the reference) a class name or index"),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+                io.Float.Input("cfg", default=AUTO, min=AUTO, max=100.0, step=0.1, round=0.01,
+                               tooltip="classifier-free guidance scale; -1 = the model's default"),
+                io.Float.Input("temperature", default=AUTO, min=AUTO, max=10.0, step=0.05, round=0.01,
+                               tooltip="-1 = the model's default; 0 = greedy"),
+                io.Int.Input("top_k", default=AUTO, min=AUTO, max=1 << 20,
+                             tooltip="-1 = the model's default; 0 = no top-k"),
+                io.Float.Input("top_p", default=AUTO, min=AUTO, max=1.0, step=0.01, round=0.001,
+                               tooltip="-1 = the model's default; 1 = no top-p"),
+                io.Combo.Input("decoder", options=list(ssd_core.DECODERS), default="ssd-exact",
+                               tooltip="ssd-exact: the image of ar for the seed in fewer steps, with or without "
+                                       "heads (heads draft better)"),
+                io.Int.Input("draft_rows", default=DRAFT_ROWS.default, min=DRAFT_ROWS.low, max=DRAFT_ROWS.high,
+                             tooltip=DRAFT_ROWS.help),
+                io.Int.Input("verify_rounds", default=VERIFY_ROUNDS.default, min=VERIFY_ROUNDS.low,
+                             max=VERIFY_ROUNDS.high, tooltip=VERIFY_ROUNDS.help),
+                io.Combo.Input("grid", options=grids.choices(), default=grids.AUTO,
+                               tooltip="image size in tokens (rows x columns), its pixels and aspect, and the "
+                                       "family it belongs to; auto = the model's default"),
+                io.String.Input("negative_prompt", multiline=True, default="", optional=True, tooltip=(
+                    f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
+                    "leave it empty for the others")),
+                io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH, optional=True,
+                             tooltip="images per run, seeds seed, seed+1, ...; one model forward per step serves "
+                                     "them all"),
+                io.Float.Input("min_p", default=AUTO, min=AUTO, max=0.99, step=0.005, round=0.0001, optional=True,
+                               tooltip="-1 = the model's default; 0 = off; 0.01 = guidance only picks codes the "
+                                       "prompt gives at least 1% of its most likely code's probability"),
+            ],
+            outputs=[
+                io.Image.Output("image", display_name="image", tooltip="the decoded images (a batch of batch_size)"),
+                SSD_TRACE.Output("trace", display_name="trace", tooltip="how every token became final (for SSD "
+                                 "Trace to Image; a list for a batch)"),
+                io.String.Output("stats", display_name="stats", tooltip="steps, tokens per step, time, acceptance "
+                                 "counts (a line per image)"),
+            ],
+            hidden=[io.Hidden.unique_id],  # the node id that the widget's live events carry
+            is_output_node=True,  # runs (and draws its grid) even with nothing connected; resends its trace cached
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "ssd_model": ("SSD_MODEL",),
-                "prompt": ("STRING", {"multiline": True, "default": "face",
-                           "tooltip": "text; for class-conditional models (the reference) a class name or index"}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True}),
-                "cfg": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 100.0, "step": 0.1, "round": 0.01,
-                        "tooltip": "classifier-free guidance scale; -1 = the model's default"}),
-                "temperature": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 10.0, "step": 0.05, "round": 0.01,
-                                "tooltip": "-1 = the model's default; 0 = greedy"}),
-                "top_k": ("INT", {"default": AUTO, "min": AUTO, "max": 1 << 20,
-                          "tooltip": "-1 = the model's default; 0 = no top-k"}),
-                "top_p": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 1.0, "step": 0.01, "round": 0.001,
-                          "tooltip": "-1 = the model's default; 1 = no top-p"}),
-                "decoder": (list(ssd_core.DECODERS), {"default": "ssd-exact", "tooltip": "ssd-exact: the image of "
-                            "ar for the seed in fewer steps, with or without heads (heads draft better)"}),
-                "draft_rows": ("INT", {"default": DRAFT_ROWS.default, "min": DRAFT_ROWS.low, "max": DRAFT_ROWS.high,
-                               "tooltip": DRAFT_ROWS.help}),
-                "verify_rounds": ("INT", {"default": VERIFY_ROUNDS.default, "min": VERIFY_ROUNDS.low,
-                                  "max": VERIFY_ROUNDS.high, "tooltip": VERIFY_ROUNDS.help}),
-                "grid": (grids.choices(), {"default": grids.AUTO, "tooltip": "image size in tokens (rows x columns), "
-                         "its pixels and aspect, and the family it belongs to; auto = the model's default"}),
-            },
-            "optional": {
-                "negative_prompt": ("STRING", {"multiline": True, "default": "", "tooltip":
-                                    f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
-                                    "leave it empty for the others"}),
-                "batch_size": ("INT", {"default": 1, "min": 1, "max": MAX_BATCH,
-                               "tooltip": "images per run, seeds seed, seed+1, ...; one model forward per step "
-                                          "serves them all"}),
-                "min_p": ("FLOAT", {"default": AUTO, "min": AUTO, "max": 0.99, "step": 0.005, "round": 0.0001,
-                          "tooltip": "-1 = the model's default; 0 = off; 0.01 = guidance only picks codes the "
-                                     "prompt gives at least 1% of its most likely code's probability"}),
-            },
-            "hidden": {"unique_id": "UNIQUE_ID"},
-        }
+    def execute(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
+                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
+                negative_prompt="", batch_size=1, min_p=AUTO):
+        out = cls.sample(ssd_model, prompt, seed, cfg, temperature, top_k, top_p, decoder, draft_rows, verify_rounds,
+                         grid, negative_prompt, batch_size, min_p, unique_id=cls.hidden.unique_id)
+        return io.NodeOutput(*out["result"], ui=out["ui"])
 
-    def sample(self, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
+    @classmethod
+    def sample(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
                negative_prompt="", batch_size=1, min_p=AUTO, unique_id=None):
         if not isinstance(ssd_model, SSDModel):

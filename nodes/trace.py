@@ -7,6 +7,8 @@ import math
 import torch
 
 from ..ssd_core.trace import STATUSES, finite_or_none, status_image
+from ._io import io
+from .types import CATEGORY, SSD_TRACE
 
 STATUS_CODE = {name: str(i) for i, name in enumerate(STATUSES)}  # the compact string's digit per status
 
@@ -106,31 +108,34 @@ def render(trace, cell_size=16, color_by="status", gridlines=True):
     return status_image(trace, cell_size, color_by, gridlines).unsqueeze(0)
 
 
-class SSDTraceToImage:
+class SSDTraceToImage(io.ComfyNode):
     """The status grid of a run as an image: one colour per cell status (or step / round)."""
 
-    CATEGORY = "sampling/SSD"
-    RETURN_TYPES = ("IMAGE",)
-    RETURN_NAMES = ("image",)
-    FUNCTION = "render"
-    DESCRIPTION = ("Draws the trace of an SSD Sampler run: green = draft accepted, orange = corrected "
-                   "by the verifier, grey = plain AR, blue = forced; or a gradient by step / round.")
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SSDTraceToImage",
+            display_name="SSD Trace to Image",
+            category=CATEGORY,
+            description=("Draws the trace of an SSD Sampler run: green = draft accepted, orange = corrected "
+                         "by the verifier, grey = plain AR, blue = forced; or a gradient by step / round."),
+            inputs=[
+                SSD_TRACE.Input("trace"),
+                io.Int.Input("cell_size", default=16, min=1, max=64, tooltip="pixels per token cell"),
+                io.Combo.Input("color_by", options=["status", "step", "round"], default="status"),
+                io.Boolean.Input("gridlines", default=True),
+                io.Int.Input("index", default=-1, min=-1, max=63,
+                             tooltip="which image of a batch; -1 = every image, as an IMAGE batch"),
+            ],
+            outputs=[io.Image.Output("image", display_name="image")],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "trace": ("SSD_TRACE",),
-                "cell_size": ("INT", {"default": 16, "min": 1, "max": 64,
-                                      "tooltip": "pixels per token cell"}),
-                "color_by": (["status", "step", "round"], {"default": "status"}),
-                "gridlines": ("BOOLEAN", {"default": True}),
-                "index": ("INT", {"default": -1, "min": -1, "max": 63,
-                                  "tooltip": "which image of a batch; -1 = every image, as an IMAGE batch"}),
-            }
-        }
+    def execute(cls, trace, cell_size=16, color_by="status", gridlines=True, index=-1):
+        return io.NodeOutput(*cls.render(trace, cell_size, color_by, gridlines, index))
 
-    def render(self, trace, cell_size=16, color_by="status", gridlines=True, index=-1):
+    @classmethod
+    def render(cls, trace, cell_size=16, color_by="status", gridlines=True, index=-1):
         traces = trace if isinstance(trace, list) else [trace]
         if not traces:
             raise ValueError("this trace list is empty: connect the 'trace' output of an SSD Sampler.")

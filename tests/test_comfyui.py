@@ -223,6 +223,12 @@ def server():
 
 
 # ---- tests --------------------------------------------------------------------------------------------------
+def combo(spec):
+    """The entries of a list input as ComfyUI serves a V3 node's: ["COMBO", {"options": [...], ...}]."""
+    assert spec[0] == "COMBO", f"not a V3 list input: {spec!r}"
+    return spec[1]["options"]
+
+
 def test_object_info_lists_the_nodes(server):
     info = server.get("/object_info").json()
     for name, display in (("SSDLoadModel", "Load AR Image Model (SSD)"), ("SSDLoadHeads", "Load SSD Heads"),
@@ -232,28 +238,51 @@ def test_object_info_lists_the_nodes(server):
         assert info[name]["category"] == "sampling/SSD"
         assert info[name]["python_module"].endswith(PACK_NAME)
     model = info["SSDLoadModel"]["input"]["required"]
-    assert model["model"][0][0] == "reference"
-    assert model["dtype"][0] == ["auto", "float32", "bfloat16", "float16"]
-    assert model["device"][0] == ["auto", "cpu", "cuda"]
+    assert combo(model["model"])[0] == "reference"  # "COMBO": ComfyUI built this entry from the V3 schema
+    assert combo(model["dtype"]) == ["auto", "float32", "bfloat16", "float16"]
+    assert combo(model["device"]) == ["auto", "cpu", "cuda", "mps"]
     heads = info["SSDLoadHeads"]["input"]["required"]
-    assert heads["heads"][0] == ["reference", "none", "broken.safetensors"]  # models/ssd_heads is registered
-    assert heads["ssd_model"] == ["SSD_MODEL"]
+    assert combo(heads["heads"]) == ["reference", "none", "broken.safetensors"]  # models/ssd_heads is registered
+    assert heads["ssd_model"] == ["SSD_MODEL", {}]
     s = info["SSDSampler"]
     req = s["input"]["required"]
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
     assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size", "min_p"]
-    assert req["decoder"][0] == ["ar", "ssd", "ssd-exact", "sjd", "zipar"] and req["decoder"][1]["default"] == "ssd-exact"
-    grids = req["grid"][0]
+    assert s["input_order"]["required"] == list(req)
+    assert combo(req["decoder"]) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"] and req["decoder"][1]["default"] == "ssd-exact"
+    grids = combo(req["grid"])
     assert grids[0] == "auto" and SMALL_GRID in grids and "24x24 (384x384 px, 1:1) janus" in grids
     assert list(info["SSDLoadModel"]["input"]["optional"]) == ["quantization", "offload", "compile"]
     assert list(info["SSDLoadHeads"]["input"]["optional"]) == ["hub_repo", "hub_file", "download"]
-    assert req["seed"][1]["control_after_generate"] is True
+    assert req["seed"][1]["control_after_generate"] is True and req["seed"][1]["max"] == 2**64 - 1
     assert req["prompt"][0] == "STRING" and req["prompt"][1]["multiline"] is True
     assert s["output"] == ["IMAGE", "SSD_TRACE", "STRING"]
     assert s["output_name"] == ["image", "trace", "stats"]
+    assert s["output_node"] is True and s["input"]["hidden"]["unique_id"] == ["UNIQUE_ID"]
     t = info["SSDTraceToImage"]
-    assert t["input"]["required"]["trace"] == ["SSD_TRACE"] and t["output"] == ["IMAGE"]
+    assert t["input"]["required"]["trace"] == ["SSD_TRACE", {}] and t["output"] == ["IMAGE"]
+    assert "IMPORT FAILED" not in server.log_tail(400)
+
+
+def test_object_info_matches_the_pack_outside_comfyui(server):
+    """ComfyUI's entry for each node (built by comfy_api from the V3 schema) equals the one the pack's stand-in
+    builds outside ComfyUI, which the tests without a server check: the stand-in does not drift from ComfyUI."""
+    from conftest import load_pack
+
+    nodes = load_pack()
+    assert nodes.STAND_IN
+    info = server.get("/object_info").json()
+    for name, cls in nodes.NODES.items():
+        ours = json.loads(json.dumps(cls.GET_NODE_INFO_V1()))
+        theirs = dict(info[name])
+        for entry in (ours, theirs):
+            entry.pop("python_module")
+            req = entry["input"]["required"]
+            for key in ("model", "heads"):  # the lists of the user's folders differ: this server has its own
+                if key in req:
+                    req[key][1].pop("options")
+        assert theirs == ours, name
 
 
 def test_widget_and_templates_are_served(server):
@@ -370,8 +399,10 @@ def test_missing_model_folder_is_refused_before_running(server):
     r = server.post("/prompt", {"prompt": wf, "client_id": server.client_id})
     assert r.status_code == 400
     body = r.json()
-    text = json.dumps(body)
-    assert "Janus-Pro-7B" in text and "value_not_in_list" in text
+    # ComfyUI 0.3.64 checks V3 list inputs only through the node's validate_inputs: the loader's says which
+    errors = body["node_errors"]["1"]["errors"]
+    assert [e["extra_info"]["input_name"] for e in errors] == ["model"], errors
+    assert "model: 'Janus-Pro-7B' is not in the list (reference" in errors[0]["details"], errors
 
 
 @pytest.mark.skipif(bundled_missing() is not None, reason=str(bundled_missing()))

@@ -26,7 +26,13 @@ def test_model_and_heads_lists_come_from_the_folders(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
     assert comfy_glue.model_choices() == ["reference", "Janus-Pro-7B", "org/Emu3-Gen"]
     assert comfy_glue.heads_choices() == ["reference", "none", "janus.safetensors", "sub/emu3.safetensors"]
-    assert nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][0] == comfy_glue.model_choices()
+    assert nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"] == comfy_glue.model_choices()
+    # a folder that is not there is refused before the run (ComfyUI calls validate_inputs), by name
+    assert nodes.SSDLoadModel.validate_inputs(model="org/Emu3-Gen") is True
+    msg = nodes.SSDLoadModel.validate_inputs(model="Janus-Pro-7B-missing")
+    assert msg.startswith("model: 'Janus-Pro-7B-missing' is not in the list") and "org/Emu3-Gen" in msg
+    assert nodes.SSDLoadHeads.validate_inputs(heads="sub/emu3.safetensors") is True
+    assert "not in the list" in nodes.SSDLoadHeads.validate_inputs(heads="gone.safetensors")
     assert comfy_glue.resolve_model("org/Emu3-Gen") == str(models / "org" / "Emu3-Gen")
     assert comfy_glue.resolve_heads("sub/emu3.safetensors") == str(heads / "sub" / "emu3.safetensors")
     with pytest.raises(FileNotFoundError, match="ssd_models.*config.json"):
@@ -57,6 +63,13 @@ def test_device_choice(fake_comfy):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             comfy_glue.torch_device("cuda")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="no Apple GPU"):
+            comfy_glue.torch_device("mps")
+    else:
+        assert comfy_glue.torch_device("mps") == torch.device("mps")
+    with pytest.raises(ValueError, match="pick auto, cpu, cuda or mps"):
+        comfy_glue.torch_device("tpu")
 
 
 def test_make_room_asks_comfyui_to_unload_before_a_gpu_load(fake_comfy, tmp_path, monkeypatch):

@@ -18,35 +18,66 @@ core_trace = pack_module("ssd_core.trace")
 
 
 # ---- the package and its declarations -----------------------------------------------------------------------------
-def test_root_import_outside_comfyui_exports_empty_mappings():
+def test_root_import_outside_comfyui_exports_no_nodes():
     root = sys.modules[PACK]
     assert "folder_paths" not in sys.modules
-    assert root.NODE_CLASS_MAPPINGS == {} and root.NODE_DISPLAY_NAME_MAPPINGS == {}
+    # inside ComfyUI the root exports comfy_entrypoint (the V3 schema) and never the classic mappings: ComfyUI
+    # 0.3.64 reads NODE_CLASS_MAPPINGS first and would never call comfy_entrypoint
+    assert not hasattr(root, "comfy_entrypoint") and not hasattr(root, "NODE_CLASS_MAPPINGS")
     assert root.WEB_DIRECTORY == "./web"
     assert (ROOT / "web" / "ssd_grid.js").is_file()
+    text = (ROOT / "__init__.py").read_text()
+    assert "from .nodes import comfy_entrypoint" in text and "NODE_CLASS_MAPPINGS =" not in text
+    assert nodes.STAND_IN  # outside ComfyUI the V3 names come from the stand-in
+
+
+def test_the_extension_lists_the_four_v3_nodes():
+    import asyncio
+
+    ext = asyncio.run(nodes.comfy_entrypoint())
+    assert isinstance(ext, nodes.SSDExtension)
+    listed = asyncio.run(ext.get_node_list())
+    assert [c.define_schema().node_id for c in listed] == ["SSDLoadModel", "SSDLoadHeads", "SSDSampler",
+                                                           "SSDTraceToImage"]
+    for cls in listed:
+        assert issubclass(cls, nodes.io.ComfyNode)
+        assert "execute" in cls.__dict__ and "define_schema" in cls.__dict__
+    # the custom link types are declared once, and every node uses those objects
+    types_mod = pack_module("nodes.types")
+    assert types_mod.SSD_MODEL.io_type == "SSD_MODEL" and types_mod.SSD_TRACE.io_type == "SSD_TRACE"
+    for mod in ("nodes.loaders", "nodes.sampler", "nodes.trace"):
+        text = (ROOT / (mod.replace(".", "/") + ".py")).read_text()
+        assert 'io.Custom(' not in text, f"{mod} declares its own link type"
+
+
+def combo(spec):
+    """The entries of a list input as the V3 schema declares it: ("COMBO", {"options": [...], ...})."""
+    assert spec[0] == "COMBO", spec
+    return spec[1]["options"]
 
 
 def test_node_mappings_and_inputs():
-    m = nodes.NODE_CLASS_MAPPINGS
+    m = nodes.NODES
     assert set(m) == {"SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"}
-    assert nodes.NODE_DISPLAY_NAME_MAPPINGS == {
+    assert {k: c.define_schema().display_name for k, c in m.items()} == {
         "SSDLoadModel": "Load AR Image Model (SSD)", "SSDLoadHeads": "Load SSD Heads",
         "SSDSampler": "SSD Sampler", "SSDTraceToImage": "SSD Trace to Image"}
     for cls in m.values():
-        assert callable(getattr(cls, cls.FUNCTION))
-        assert cls.CATEGORY == "sampling/SSD"
-    req = m["SSDSampler"].INPUT_TYPES()["required"]
+        assert cls.define_schema().category == "sampling/SSD"
+    info = m["SSDSampler"].GET_NODE_INFO_V1()
+    req = info["input"]["required"]
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
-    opt = m["SSDSampler"].INPUT_TYPES()["optional"]
+    opt = info["input"]["optional"]
     assert list(opt) == ["negative_prompt", "batch_size", "min_p"]  # new widgets go last: saved workflows keep theirs
     assert opt["min_p"][1]["default"] == -1 and opt["min_p"][1]["max"] < 1  # -1 = the model's; the engine refuses 1
-    assert req["decoder"][0] == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
+    assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["decoder"][1]["default"] == "ssd-exact"
-    assert req["seed"][1]["control_after_generate"] is True
+    assert req["seed"][1]["control_after_generate"] is True and req["seed"][1]["max"] == 2**64 - 1
+    assert req["prompt"] == ("STRING", {"tooltip": req["prompt"][1]["tooltip"], "multiline": True, "default": "face"})
     # the negative prompt's tooltip names exactly the families that take one
     families = pack_module("ssd_core.families")
-    tip = m["SSDSampler"].INPUT_TYPES()["optional"]["negative_prompt"][1]["tooltip"]
+    tip = opt["negative_prompt"][1]["tooltip"]
     for name in families.FAMILIES:
         assert (name in tip) == families.family_class(name).negative_prompts, name
     # the widgets' limits are the engine's: the largest value is accepted, one more is refused
@@ -56,11 +87,23 @@ def test_node_mappings_and_inputs():
         make_policy("ssd", **{name: top})
         with pytest.raises(core.SSDError, match=name):
             make_policy("ssd", **{name: top + 1})
-    assert m["SSDSampler"].RETURN_TYPES == ("IMAGE", "SSD_TRACE", "STRING")
-    assert m["SSDSampler"].INPUT_TYPES()["hidden"] == {"unique_id": "UNIQUE_ID"}
-    assert m["SSDLoadModel"].INPUT_TYPES()["required"]["model"][0][0] == "reference"
-    assert m["SSDLoadHeads"].INPUT_TYPES()["required"]["heads"][0][:2] == ["reference", "none"]
-    assert m["SSDTraceToImage"].INPUT_TYPES()["required"]["trace"] == ("SSD_TRACE",)
+    assert info["output"] == ["IMAGE", "SSD_TRACE", "STRING"] and info["output_name"] == ["image", "trace", "stats"]
+    assert info["output_node"] is True and all(info["output_tooltips"])
+    # the node id for the widget's events (the prompt and png info come with every output node)
+    assert info["input"]["hidden"] == {"unique_id": ("UNIQUE_ID",), "prompt": ("PROMPT",),
+                                       "extra_pnginfo": ("EXTRA_PNGINFO",)}
+    load = m["SSDLoadModel"].GET_NODE_INFO_V1()
+    assert combo(load["input"]["required"]["model"])[0] == "reference"
+    assert combo(load["input"]["required"]["device"]) == ["auto", "cpu", "cuda", "mps"]
+    assert list(load["input"]["optional"]) == ["quantization", "offload", "compile"]
+    assert load["output"] == ["SSD_MODEL"] and load["output_name"] == ["ssd_model"]
+    heads = m["SSDLoadHeads"].GET_NODE_INFO_V1()["input"]
+    assert combo(heads["required"]["heads"])[:2] == ["reference", "none"]
+    assert heads["required"]["ssd_model"] == ("SSD_MODEL", {})
+    assert list(heads["optional"]) == ["hub_repo", "hub_file", "download"]
+    trace = m["SSDTraceToImage"].GET_NODE_INFO_V1()
+    assert trace["input"]["required"]["trace"] == ("SSD_TRACE", {}) and trace["output"] == ["IMAGE"]
+    assert list(trace["input"]["required"]) == ["trace", "cell_size", "color_by", "gridlines", "index"]
 
 
 def test_palette_and_codes_match_the_widget():
@@ -86,6 +129,8 @@ def test_pyproject_is_ready_for_the_registry():
     comfy = data["tool"]["comfy"]
     assert {"PublisherId", "DisplayName", "Icon", "requires-comfyui"} <= set(comfy)
     assert "web" not in comfy, "tool.comfy.web would load the widget twice (WEB_DIRECTORY already serves it)"
+    # the oldest ComfyUI the V3 nodes are tested on (docs/testing-comfyui.md), the same figure the import names
+    assert comfy["requires-comfyui"] == ">=" + pack_module("nodes._io").MIN_COMFYUI
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 
 

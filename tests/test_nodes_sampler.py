@@ -140,7 +140,11 @@ def test_progress_previews_and_live_events(ref_model, fake_comfy, monkeypatch):
     ref = ref_model
     monkeypatch.setattr(sampler_mod, "PREVIEW_INTERVAL_S", 0.0)
     H, W = 12, 12
-    out = run(ref, decoder="zipar", unique_id="12", grid=SMALL)
+    # as ComfyUI runs a V3 node: execute on a class whose hidden inputs hold the node id
+    node = nodes.SSDSampler.PREPARE_CLASS_CLONE({"UNIQUE_ID": "12"})
+    result = node.execute(ref, prompt="face", seed=7, decoder="zipar", grid=SMALL)
+    assert isinstance(result, nodes.io.NodeOutput)
+    out = {"result": result.args, "ui": result.ui}
     values = [v for v, _ in fake_comfy.progress]
     assert values == sorted(values) and values[-1] == H * W
     assert all(t == H * W for _, t in fake_comfy.progress)
@@ -205,7 +209,7 @@ def test_text_families_through_the_nodes(family, tmp_path, monkeypatch):
     folder = tmp_path / "ssd_models" / f"tiny-{family}"
     {"janus": tf.build_janus, "emu3": tf.build_emu3, "lumina": tf.build_lumina}[family](folder)
     monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path / "ssd_models"))
-    assert f"tiny-{family}" in nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][0]
+    assert f"tiny-{family}" in nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"]
     (m,) = nodes.SSDLoadModel().load(f"tiny-{family}", "float32", "cpu")
     assert m.model.family == family and m.model.text_prompts and m.model.class_names is None
     negative = "blurry" if m.model.negative_prompts else ""

@@ -12,7 +12,7 @@ API_DIR = ROOT / "tests" / "workflows_api"
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
 # ComfyUI core nodes the workflows use, with their widget inputs in order (ComfyUI 0.3.x)
 CORE_WIDGETS = {"SaveImage": ["filename_prefix"], "PreviewImage": [], "PreviewAny": []}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 DOWNLOADED = {("SSDLoadModel", "model"), ("SSDLoadHeads", "heads")}  # lists depend on the user's files
 
 
@@ -24,8 +24,7 @@ def widget_specs(node_type):
     """[(name, spec)] of the widget inputs of a node, in the order the frontend makes widgets."""
     if node_type in CORE_WIDGETS:
         return [(n, None) for n in CORE_WIDGETS[node_type]]
-    cls = load_pack().NODE_CLASS_MAPPINGS[node_type]
-    types = cls.INPUT_TYPES()
+    types = load_pack().NODES[node_type].INPUT_TYPES()
     out = []
     for section in ("required", "optional"):
         for name, spec in types.get(section, {}).items():
@@ -104,8 +103,7 @@ def test_api_workflow_fits_the_node_inputs(path):
         ctype = node["class_type"]
         if ctype in CORE_WIDGETS:
             continue
-        cls = pack.NODE_CLASS_MAPPINGS[ctype]
-        types = cls.INPUT_TYPES()
+        types = pack.NODES[ctype].INPUT_TYPES()
         required = types.get("required", {})
         assert set(required) <= set(node["inputs"]), f"node {nid} misses {set(required) - set(node['inputs'])}"
         for name, value in node["inputs"].items():
@@ -114,12 +112,12 @@ def test_api_workflow_fits_the_node_inputs(path):
             kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
             if isinstance(value, list):
                 src = api[value[0]]
-                out_type = pack.NODE_CLASS_MAPPINGS[src["class_type"]].RETURN_TYPES[value[1]]
+                out_type = pack.NODES[src["class_type"]].GET_NODE_INFO_V1()["output"][value[1]]
                 assert out_type == kind, f"node {nid}.{name} wants {kind}, gets {out_type}"
-            elif isinstance(kind, (list, tuple)):
+            elif kind == "COMBO":
                 if (ctype, name) in DOWNLOADED and "reference" not in path.stem:
                     continue
-                assert value in kind, f"node {nid}.{name}: {value!r} is not one of {kind}"
+                assert value in opts["options"], f"node {nid}.{name}: {value!r} is not one of {opts['options']}"
             elif kind in ("INT", "FLOAT"):
                 assert opts.get("min", value) <= value <= opts.get("max", value), f"node {nid}.{name}"
 
