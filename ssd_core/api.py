@@ -11,7 +11,7 @@ import torch
 from . import hub, memory, static_cache, threads
 from .decoders import make_policy
 from .engine import decode_batch
-from .errors import SSDError
+from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
 from .sampling import check_seed, settings_from
@@ -55,7 +55,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
 
 
 def check_device(device) -> torch.device | None:
-    """A device name or torch.device this machine has, else an SSDError saying which ones it has."""
+    """A device name or torch.device this machine has (cpu, cuda, cuda:N, mps), else an SSDError saying which
+    ones it has. mps (Apple GPUs) runs the engine; an op torch has no mps kernel for stops a generation with one
+    line saying which op and how to go on (errors.mps_op_errors)."""
     if device is None:
         return None
     try:
@@ -68,7 +70,10 @@ def check_device(device) -> torch.device | None:
         raise SSDError(f"device {device} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
                        f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise SSDError(f"device {device} was asked for but torch sees no Apple GPU (MPS) here: use device cpu")
+        why = "this torch is built without it" if not torch.backends.mps.is_built() else "this Mac has none, or " \
+            "macOS is older than 12.3"
+        raise SSDError(f"device {device} was asked for but torch sees no Apple GPU (MPS) here ({why}): use device "
+                       "cpu")
     if dev.type not in ("cpu", "cuda", "mps"):
         raise SSDError(f"device {device} is not supported: use cpu, cuda, cuda:N or mps")
     return dev
@@ -214,6 +219,10 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     if heads is not None:
         heads.check_model(model)
     prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
-    with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
-        done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step, should_cancel, score)
-    return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace) for _, trace in done]
+    # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
+    with mps_op_errors():
+        with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
+            done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step,
+                                should_cancel, score)
+        return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace)
+                for _, trace in done]

@@ -113,7 +113,8 @@ def _clock_time(text):
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="reference", help="model folder, or 'reference' (the bundled model)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (Apple GPUs; an op torch lacks "
+                   "there stops with how to go on: PYTORCH_ENABLE_MPS_FALLBACK=1 or --device cpu); default cpu")
     p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                    help="8-bit / 4-bit (NF4) weights through bitsandbytes; the image head stays full precision")
     p.add_argument("--offload", default="none", choices=list(OFFLOADS),

@@ -4,6 +4,7 @@ Messages quote what users and files hand us (names, paths, metadata), so they ne
 bidirectional-override characters: `shown` quotes a value repr-style and cut, `printable` escapes what a
 message text holds, and SSDError applies `printable` to every message (one line, nothing a terminal obeys).
 """
+import contextlib
 
 
 def printable(text: str) -> str:
@@ -31,3 +32,35 @@ class SSDError(ValueError):
 
 class Cancelled(RuntimeError):
     """The caller's should_cancel() returned True; the model is left ready for the next run."""
+
+
+# torch's NotImplementedError for an op without an mps kernel ("The operator 'aten::x' is not currently implemented
+# for the MPS device. ...", or the dispatcher's "Could not run 'aten::x' with arguments from the 'MPS' backend")
+MPS_MISSING = ("not currently implemented for the MPS device", "from the 'MPS' backend")
+
+
+def missing_mps_op(err: BaseException) -> "SSDError | None":
+    """torch's error for an op Apple's mps backend lacks, as one SSDError line saying which op and what to do;
+    None for any other error."""
+    import re
+
+    text = str(err)
+    if not any(phrase in text for phrase in MPS_MISSING):
+        return None
+    found = re.search(r"(?:operator|run) '?([\w.:]+)'?", text)
+    op = found.group(1) if found else "an operator this model uses"
+    return SSDError(f"torch has no Apple GPU (mps) kernel for {op}: quit, set the environment variable "
+                    "PYTORCH_ENABLE_MPS_FALLBACK=1 and start again (ComfyUI or python; that op then runs on the "
+                    "CPU), or choose device cpu")
+
+
+@contextlib.contextmanager
+def mps_op_errors():
+    """Turn torch's "not currently implemented for the MPS device" into one SSDError line (missing_mps_op)."""
+    try:
+        yield
+    except (NotImplementedError, RuntimeError) as err:
+        mapped = missing_mps_op(err)
+        if mapped is None:
+            raise
+        raise mapped from err
