@@ -1,6 +1,7 @@
 # make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes).
 # make bench: the bench of record (every decoder at its defaults, ssd also with the paper's first-row rule; 16 images) into bench_out/.
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
+# make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, bench-gpu, gpu-memory) into .work/gpu_check.json.
 # make test: the whole test suite (the command CI runs).
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 4
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-gpu test test-engine-457 bench-tiny heads weights-table gpu-memory
+.PHONY: install demo bench bench-gpu test test-engine-457 heads weights-table gpu-memory gpu-check
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -87,3 +88,13 @@ weights-table: install
 gpu-memory: install
 	$(PY) -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
 		--json .work/peak/peak_memory.json
+
+# on a CUDA GPU, in under 8 minutes: tests/test_cuda.py, bench-gpu (3 compiled buckets) and gpu-memory (the
+# quantizations bitsandbytes allows), each with a time cap, into ONE JSON (GPU_CHECK_JSON): versions, the device,
+# each part's status and figures, pass / fail. Without CUDA it stops at once, saying so. It uses the venv's
+# python when there is one, else $(PYTHON) (a GPU machine's own torch): no install step, nothing fetched.
+# `python -m ssd_core.dev.gpu_check --dry` runs its CPU parts anywhere (tests/test_gpu_check.py does).
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_CHECK_JSON ?= .work/gpu_check.json
+gpu-check:
+	$(GPU_PY) -m ssd_core.dev.gpu_check --json $(GPU_CHECK_JSON)

@@ -82,7 +82,12 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="Janus-Pro-7B")
     p.add_argument("--budget", type=float, default=540.0, help="seconds after the build; later parts are skipped")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--json", default=None, help="write the figures here (rewritten after each mode, so that a run "
+                   "stopped midway keeps what it measured)")
+    p.add_argument("--buckets", default=None, help="comma list of padded window lengths to compile (default "
+                   f"{','.join(map(str, static_cache.BUCKETS))}; fewer compile sooner)")
+    p.add_argument("--lengths", default=None, help="comma list of window lengths of the verify-cost curve "
+                   f"(default {','.join(map(str, LENGTHS))})")
     args = p.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
     buckets, lengths = static_cache.BUCKETS, LENGTHS
@@ -94,6 +99,10 @@ def main(argv=None) -> int:
             print("error: no CUDA device here; run with --dry for the CPU check", flush=True)
             return 2
         device, dtype, shapes, backend = torch.device("cuda"), torch.bfloat16, args.shapes, "inductor"
+    if args.buckets:
+        buckets = tuple(int(b) for b in args.buckets.split(","))
+    if args.lengths:
+        lengths = tuple(int(n) for n in args.lengths.split(","))
     t0 = time.perf_counter()
     model = random_model("janus", shapes, device=device, dtype=dtype, seed=args.seed)
     torch.manual_seed(args.seed)
@@ -106,7 +115,7 @@ def main(argv=None) -> int:
         log(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     start = time.perf_counter()
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
-    report: dict = {"model": name, "dtype": str(dtype), "device": str(device), "modes": {}}
+    report: dict = {"model": name, "dtype": str(dtype), "device": str(device), "buckets": list(buckets), "modes": {}}
     for mode in ("off", "compiled"):
         if left() <= 0:
             log(f"[{mode}] skipped: the {args.budget:.0f} s budget is spent")
@@ -128,15 +137,23 @@ def main(argv=None) -> int:
             log(f"[{mode}] one image per decoder, seed {args.seed}:")
             entry["rows"] = run_decoders(model, heads, args.seed, log)
         report["modes"][mode] = entry
+        _write(report, args.json)
     _summary(report, log)
     if args.json:
-        for entry in report["modes"].values():
-            for row in entry.get("rows", []):
-                row.pop("tokens", None)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        _write(report, args.json)
         log(f"wrote {args.json}")
     return 0
+
+
+def _write(report: dict, path: str | None) -> None:
+    """The report as JSON (each row's tokens left out)."""
+    if not path:
+        return
+    plain = {**report, "modes": {mode: {**entry, "rows": [{k: v for k, v in row.items() if k != "tokens"}
+                                                         for row in entry.get("rows", [])]}
+                                 for mode, entry in report["modes"].items()}}
+    with open(path, "w") as f:
+        json.dump(plain, f, indent=1)
 
 
 def _summary(report: dict, log) -> None:

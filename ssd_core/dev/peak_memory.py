@@ -25,10 +25,16 @@ from .random_models import random_model
 def save_random(shapes: str, folder: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
-    model = random_model(RELEASED[shapes], shapes, device="cpu", dtype=torch.bfloat16)
+    # random init of 7B weights takes minutes on the CPU and seconds on the GPU
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = random_model(RELEASED[shapes], shapes, device=device, dtype=torch.bfloat16)
     model.model.save_pretrained(folder)
     if hasattr(model.model, "generation_config"):
         model.model.generation_config.save_pretrained(folder)
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return folder
 
 
@@ -59,7 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="Janus-Pro-7B", choices=list(RELEASED))
     p.add_argument("--quantizations", default="none,8-bit,4-bit")
     p.add_argument("--folder", default=None, help="where to keep the random model (default: a temporary folder)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the rows here (rewritten after each quantization)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("this measures GPU memory: run it on a machine with a CUDA GPU")
@@ -71,8 +77,8 @@ def main(argv=None) -> int:
     for q in args.quantizations.split(","):
         rows.append(measure(folder, family, q.strip()))
         print(json.dumps(rows[-1]), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"shapes": args.shapes, "rows": rows}, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"shapes": args.shapes, "rows": rows}, indent=1))
     return 0
 
 
