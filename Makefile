@@ -39,7 +39,8 @@ test-engine-457:
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
 		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
 		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
-		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py tests/test_host_syncs.py tests/test_batch_cache.py tests/test_vertical_shift.py tests/test_reanchor.py tests/test_heads_inputs.py tests/test_heads_width.py
+		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py tests/test_host_syncs.py tests/test_batch_cache.py tests/test_vertical_shift.py tests/test_reanchor.py tests/test_heads_inputs.py tests/test_heads_width.py \
+		tests/test_device_portability.py tests/test_step_overhead.py tests/test_offload.py tests/test_seeds.py
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
 # augmented copies each, 5,463 grids) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
