@@ -4,10 +4,16 @@
     npm install   # devDependency playwright-core only; it downloads no browser
     SSD_COMFYUI_DIR=/path/to/ComfyUI SSD_COMFYUI_PYTHON=/path/to/comfy-venv/bin/python pytest tests/test_browser.py
 
-Opens the UI, loads the bundled example workflow (from the template route), presses Run, waits for
-both samplers, checks the widget (grid with accepted and corrected colours, legend, hover), takes
-screenshots, reloads the page and checks the grid survives. SSD_SCREENSHOT_DIR (optional) receives
-widget.png and widget_grid.png (the README's screenshots live in docs/).
+Every test runs twice: against the frontend that ComfyUI pins ("pinned", comfyui-frontend-package from its
+requirements.txt) and against a newer one given by SSD_FRONTEND_ROOT, the static folder of an unzipped
+comfyui-frontend-package wheel, served through ComfyUI's --front-end-root ("newer"; skipped, saying how, when
+unset). docs/testing-comfyui.md has the versions tested and the setup.
+
+Opens the UI, loads the bundled example workflow (from the template browser), presses Run, waits for the three
+samplers, checks the widget (grid with accepted and corrected colours, legend, hover), takes screenshots, reloads
+the page and checks the grid survives; then a batch selector, a node created without a widgets array, a copy and
+paste of a sampler, and a sampler moved into a subgraph and run there. SSD_SCREENSHOT_DIR (optional) receives
+widget.png and widget_grid.png (the README's screenshots live in docs/), one folder per frontend.
 """
 
 import importlib.util
@@ -47,17 +53,36 @@ def browser_missing():
         return "node is not installed"
     r = subprocess.run(["node", "-e", "require.resolve('playwright-core')"], cwd=ROOT, capture_output=True)
     if r.returncode != 0:
-        return "playwright-core is not installed: run `npm install` in the repository (devDependency)"
+        return (f"the browser driver is missing: run `npm install` in {ROOT} first (it installs playwright-core, "
+                "package.json's devDependency, and downloads no browser); the browser tests skip until then")
     return None
 
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
+NEWER = os.environ.get("SSD_FRONTEND_ROOT", "")
 
-@pytest.fixture(scope="module")
-def browser_run(tmp_path_factory):
-    out = Path(os.environ.get("SSD_SCREENSHOT_DIR") or tmp_path_factory.mktemp("browser"))
-    srv = harness.ComfyServer()
+
+def newer_missing():
+    if not NEWER:
+        return ("set SSD_FRONTEND_ROOT to a newer frontend's static folder to test it too: pip download --no-deps "
+                "comfyui-frontend-package, unzip the wheel, point it at comfyui_frontend_package/static")
+    if not (Path(NEWER) / "index.html").is_file():
+        return f"SSD_FRONTEND_ROOT={NEWER} has no index.html (use the wheel's comfyui_frontend_package/static)"
+    return None
+
+
+FRONTENDS = [pytest.param(None, id="pinned"),
+             pytest.param(NEWER, id="newer", marks=pytest.mark.skipif(newer_missing() is not None,
+                                                                      reason=str(newer_missing())))]
+
+
+@pytest.fixture(scope="module", params=FRONTENDS)
+def browser_run(request, tmp_path_factory):
+    name = "newer" if request.param else "pinned"
+    shots = os.environ.get("SSD_SCREENSHOT_DIR")
+    out = Path(shots) / name if shots else tmp_path_factory.mktemp(f"browser-{name}")
+    srv = harness.ComfyServer(front_end_root=request.param or None)
     srv.start()
     try:
         env = dict(os.environ, SSD_URL=srv.url, SSD_OUT=str(out), SSD_CHROMIUM=CHROMIUM,
@@ -115,12 +140,18 @@ def test_the_widget_adds_no_widget_value_and_survives_a_reload(browser_run):
 
 
 # What ComfyUI's own frontend logs on a fresh profile of an offline machine, with or without this pack:
-# 404s for a new user's files and settings, and the unreachable api.comfy.org release check.
-CORE_NOISE = (re.compile(r"^http://127\.0\.0\.1:\d+/(api/userdata\b|user\.css$|api/settings/|favicon\.ico$)"),
-              re.compile(r"^https://api\.comfy\.org/"))
+# 404s for a new user's files and settings, and the unreachable api.comfy.org release check; a newer frontend
+# (1.58) on the 0.3.64 backend also asks for routes that backend does not have yet (jobs, global subgraphs,
+# template index files) and checks its templates' model links on huggingface.co (offline here).
+CORE_NOISE = (re.compile(r"^http://127\.0\.0\.1:\d+/(api/userdata\b|user\.css$|api/settings/|favicon\.ico$"
+                         r"|api/jobs\b|api/global_subgraphs$|templates/index_[\w.]+$)"),
+              re.compile(r"^https://(api\.comfy\.org|huggingface\.co)/"))
+CORE_NOISE_TEXT = re.compile(r"^(\[Jobs API\] Error fetching jobs: JobsApiError|Failed to fetch queue: JobsApiError)")
 
 
 def core_noise(err):
+    if CORE_NOISE_TEXT.match(err["text"]) and f"/extensions/{harness.PACK_NAME}/" not in err["url"]:
+        return True
     return err["text"].startswith("Failed to load resource") and any(p.search(err["url"]) for p in CORE_NOISE)
 
 
@@ -140,3 +171,47 @@ def test_batch_selector_shows_every_image(browser_run):
     assert (after["index"], after["seed"]) == (1, 101) and "image 2 of 3" in after["label"]
     pixels = browser_run["batchPixels"]
     assert pixels["accepted"] > 0 and pixels["ar"] == 0  # image 1 (all accepted) is the one drawn
+
+
+def test_the_frontend_is_the_one_asked_for(browser_run, request):
+    version = browser_run.get("frontendVersion")
+    pinned = re.search(r"comfyui-frontend-package==([\d.]+)",
+                       (Path(harness.COMFY_DIR) / "requirements.txt").read_text()).group(1)
+    if "newer" in request.node.callspec.id:
+        newer = [p.name for p in Path(NEWER).parent.parent.glob("comfyui_frontend_package-*.dist-info")]
+        assert version and version != pinned, (version, pinned)
+        if newer:  # the unzipped wheel's own version
+            assert newer[0] == f"comfyui_frontend_package-{version}.dist-info", (newer, version)
+    else:
+        assert version == pinned
+
+
+def test_no_console_warning_from_the_pack(browser_run):
+    """Nothing the pack calls warns: no deprecated call (checkState() warns from 1.58), nothing logged by it."""
+    ours = [w for w in browser_run["consoleWarnings"]
+            if f"/extensions/{harness.PACK_NAME}/" in w["url"] or re.search(r"checkState|ssd", w["text"], re.I)]
+    assert ours == [], ours
+    # and no console.warn / console.error whose stack passes through the pack's files
+    assert browser_run["packLogged"] == [], browser_run["packLogged"]
+
+
+def test_the_widget_is_made_when_the_node_has_no_widgets_array(browser_run):
+    assert browser_run["noWidgets"] == {"error": None, "widgets": 1, "api": True}
+
+
+def test_a_pasted_sampler_has_one_widget_with_the_grid(browser_run):
+    assert browser_run["paste"]["added"] == ["SSDSampler"], browser_run["paste"]
+    pasted, original = browser_run["pasted"], browser_run["pastedOriginal"]
+    assert pasted["widgets"] == 1 and pasted["element"] is True
+    assert pasted["done"] and pasted["grid"] == original["grid"] and pasted["decoder"] == "ssd-exact"
+    assert original["widgets"] == 1 and original["done"]
+
+
+def test_a_sampler_inside_a_subgraph_fills_from_its_events(browser_run):
+    sub = browser_run["subgraph"]
+    assert sub["outer"] is not None and sub["inner"] is not None, sub
+    after = browser_run["subgraphAfter"]
+    assert after["widgets"] == 1 and after["done"] and after["grid"] == [8, 8] and after["seed"] == 4242
+    assert after["decoder"] == "ssd" and after["saved"]
+    live = browser_run["subgraphLive"]
+    assert f"{sub['outer']}:{sub['inner']}" in live["nodes"] and live["running"] >= 1, live

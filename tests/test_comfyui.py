@@ -62,8 +62,9 @@ def free_port():
 class ComfyServer:
     """One ComfyUI process with this pack; HTTP and websocket helpers."""
 
-    def __init__(self, comfy_dir=COMFY_DIR, python=COMFY_PY, pack=None):
+    def __init__(self, comfy_dir=COMFY_DIR, python=COMFY_PY, pack=None, front_end_root=None):
         self.comfy_dir = Path(comfy_dir)
+        self.front_end_root = front_end_root  # another frontend's static folder (--front-end-root); None = pinned
         self.python = python
         self.pack = Path(pack or os.environ.get("SSD_COMFYUI_PACK") or ROOT).resolve()
         self.base = Path(tempfile.mkdtemp(prefix="ssd-comfy-"))
@@ -86,6 +87,8 @@ class ComfyServer:
         cmd = [self.python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                "--base-directory", str(self.base), "--output-directory", str(self.base / "output"),
                "--disable-auto-launch", "--database-url", "sqlite:///:memory:"]
+        if self.front_end_root:
+            cmd += ["--front-end-root", str(self.front_end_root)]
         self.log = open(self.log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # The bundled model is tiny: one thread is fast, and on a busy small machine torch's default
@@ -392,6 +395,21 @@ def test_bad_prompt_message_reaches_the_error_dialog(server):
     assert errors and errors[0]["node_type"] == "SSDSampler" and errors[0]["node_id"] == "4"
     assert "is not a class of this model" in errors[0]["exception_message"]
     assert "face" in errors[0]["exception_message"]
+
+
+def test_family_workflows_only_miss_their_downloads(server):
+    """Saved before the V3 nodes, the family workflows still validate in every input but the downloads."""
+    checked = 0
+    for path in sorted(API_DIR.glob("*.json")):
+        if path.stem == "ssd_reference_ar_vs_ssd":
+            continue
+        r = server.post("/prompt", {"prompt": json.loads(path.read_text()), "client_id": server.client_id})
+        assert r.status_code == 400, path.name
+        bad = {(node["class_type"], e["extra_info"]["input_name"])
+               for node in r.json()["node_errors"].values() for e in node["errors"]}
+        assert bad and bad <= {("SSDLoadModel", "model"), ("SSDLoadHeads", "heads")}, (path.name, bad)
+        checked += 1
+    assert checked == 3
 
 
 def test_missing_model_folder_is_refused_before_running(server):

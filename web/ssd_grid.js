@@ -16,24 +16,30 @@ function widgetOf(node) {
   return node?.widgets?.find((w) => w.name === WIDGET) ?? null;
 }
 
+// The sampler node of an execution id: "4" at the top level, "12:4" for node 4 inside the subgraph node 12
+// (frontend >= 1.24), nested as deep as the subgraphs go. Falls back to the graph on screen.
 function findNode(id) {
   if (id === null || id === undefined) return null;
-  const graph = app.graph;
-  if (!graph) return null;
-  const s = String(id);
-  let node = graph.getNodeById(Number(s)) ?? graph.getNodeById(s);
-  if (!node && s.includes(":")) {
-    const inner = app.canvas?.graph;
-    node = inner?.getNodeById?.(Number(s.split(":").pop())) ?? null;
+  const byId = (graph, key) => graph?.getNodeById?.(Number(key)) ?? graph?.getNodeById?.(key) ?? null;
+  const parts = String(id).split(":");
+  let graph = app.graph;
+  let node = null;
+  for (let i = 0; i < parts.length && graph; i++) {
+    node = byId(graph, parts[i]);
+    graph = i < parts.length - 1 ? node?.subgraph : null;
   }
+  if ((!node || node.type !== NODE_TYPE) && parts.length > 1) node = byId(app.canvas?.graph, parts[parts.length - 1]);
   return node && node.type === NODE_TYPE ? node : null;
 }
 
 // Tell the frontend the graph changed (the trace now sits in node.properties), so that the open
-// workflow is persisted with it and a page reload shows the grid again.
+// workflow is persisted with it and a page reload shows the grid again. captureCanvasState() since
+// frontend 1.58 (where checkState() is deprecated and warns); checkState() before it.
 function saveWorkflowState() {
   try {
-    app.extensionManager?.workflow?.activeWorkflow?.changeTracker?.checkState?.();
+    const tracker = app.extensionManager?.workflow?.activeWorkflow?.changeTracker;
+    if (typeof tracker?.captureCanvasState === "function") tracker.captureCanvasState();
+    else tracker?.checkState?.();
   } catch (e) {
     console.debug("ssd grid: could not record the trace in the workflow", e);
   }
@@ -164,14 +170,15 @@ app.registerExtension({
     const onNodeCreated = nodeType.prototype.onNodeCreated;
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
-      addGridWidget(this);
-      const [w, h] = this.size;
-      this.setSize([Math.max(w, 380), Math.max(h, 700)]);
+      addGridWidget(this); // node.widgets may not exist yet: addDOMWidget makes it
+      const [w, h] = this.size ?? [0, 0];
+      this.setSize?.([Math.max(w ?? 0, 380), Math.max(h ?? 0, 700)]);
       return r;
     };
     const onConfigure = nodeType.prototype.onConfigure;
     nodeType.prototype.onConfigure = function (info) {
       const r = onConfigure?.apply(this, arguments);
+      if (!widgetOf(this)) addGridWidget(this); // a frontend that configures before onNodeCreated ran
       const batch = this.properties?.[BATCH_PROP];
       const saved = normalizeTrace(this.properties?.[PROP]);
       if (Array.isArray(batch) && batch.length > 1) widgetOf(this)?.ssd?.set(batch, false);

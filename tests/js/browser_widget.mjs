@@ -17,7 +17,7 @@ const CHROMIUM = process.env.SSD_CHROMIUM ?? "/usr/bin/chromium";
 const SAMPLERS = ["3", "4", "5"]; // ar, ssd-exact, ssd in the example workflow
 
 mkdirSync(OUT, { recursive: true });
-const result = { consoleErrors: [], pageErrors: [], failedRequests: [], steps: [] };
+const result = { consoleErrors: [], consoleWarnings: [], pageErrors: [], failedRequests: [], steps: [] };
 const step = (s) => { result.steps.push(s); console.log("step:", s); };
 
 const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "ssd-chromium-")), {
@@ -28,8 +28,26 @@ const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir()
     "--disable-background-networking", "--disable-component-update", "--disable-sync"],
 });
 const page = context.pages()[0] ?? (await context.newPage());
+// every console.warn / console.error with the stack that logged it: a message whose stack passes through the
+// pack's files came from the pack (or from a frontend API that the pack called, e.g. a deprecated one)
+await page.addInitScript((pack) => {
+  window.__ssdLogged = [];
+  for (const level of ["warn", "error"]) {
+    const orig = console[level].bind(console);
+    console[level] = (...args) => {
+      const stack = new Error().stack ?? "";
+      if (stack.includes(`/extensions/${pack}/`)) {
+        window.__ssdLogged.push({ level, text: args.map((a) => String(a)).join(" ").slice(0, 500), stack });
+      }
+      return orig(...args);
+    };
+  }
+}, PACK);
+const packLogged = async () => page.evaluate(() => window.__ssdLogged ?? []).catch(() => []);
+result.packLogged = [];
 page.on("console", (m) => {
   if (m.type() === "error") result.consoleErrors.push({ text: m.text(), url: m.location()?.url ?? "" });
+  if (m.type() === "warning") result.consoleWarnings.push({ text: m.text(), url: m.location()?.url ?? "" });
 });
 page.on("pageerror", (e) => result.pageErrors.push(String(e?.stack ?? e)));
 page.on("requestfailed", (r) => result.failedRequests.push(`${r.url()} ${r.failure()?.errorText}`));
@@ -50,6 +68,24 @@ async function openApp() {
   await page.goto(URL, { waitUntil: "load" });
   await page.waitForFunction(() => window.app?.graph && window.LiteGraph?.registered_node_types?.SSDSampler,
     null, { timeout: 120000 });
+  result.frontendVersion = await page.evaluate(() => window.__COMFYUI_FRONTEND_VERSION__ ?? null);
+}
+
+// the grid widget's state of a node (found by a path of ids through subgraphs: [12, 4] = node 4 inside node 12)
+async function nodeWidget(path) {
+  return page.evaluate((path) => {
+    let graph = window.app.graph;
+    let node = null;
+    for (const id of path) {
+      node = graph?.getNodeById(Number(id));
+      graph = node?.subgraph;
+    }
+    const ws = (node?.widgets ?? []).filter((x) => x.name === "ssd_grid");
+    const t = ws[0]?.ssd?.state?.trace;
+    return { type: node?.type ?? null, widgets: ws.length, done: t?.done ?? false, grid: t?.grid ?? null,
+      decoder: t?.decoder ?? null, seed: t?.seed ?? null, saved: Boolean(node?.properties?.ssd_trace?.done),
+      element: ws[0]?.element ? ws[0].element.isConnected : null };
+  }, path);
 }
 
 // state of the grid widget of every sampler node, in the page
@@ -105,7 +141,8 @@ try {
   // as an artist does: Workflow > Browse Templates > ComfyUI-SSD > the bundled example
   try {
     await page.evaluate(() => window.app.extensionManager.command.execute("Comfy.BrowseTemplates"));
-    const dialog = page.locator(".p-dialog").filter({ hasText: PACK }).first();
+    // PrimeVue's .p-dialog up to frontend 1.2x, a role="dialog" element in newer ones
+    const dialog = page.locator('.p-dialog, [role="dialog"]').filter({ hasText: PACK }).first();
     await dialog.waitFor({ timeout: 30000 });
     await dialog.getByText(PACK, { exact: true }).first().click();
     const card = dialog.getByText(WORKFLOW, { exact: true }).first();
@@ -130,9 +167,11 @@ try {
   // count live events as the page sees them
   await page.evaluate(async () => {
     const { api } = await import("/scripts/api.js");
-    window.__ssdLive = { events: 0, running: 0 };
+    window.__ssdLive = { events: 0, running: 0, nodes: [] };
     api.addEventListener("ssd.grid", (e) => {
       window.__ssdLive.events++;
+      const id = String(e.detail?.node);
+      if (!window.__ssdLive.nodes.includes(id)) window.__ssdLive.nodes.push(id);
       if (e.detail?.done === false) window.__ssdLive.running++;
     });
   });
@@ -181,6 +220,7 @@ try {
   });
 
   step("reload");
+  result.packLogged.push(...(await packLogged()));
   await page.reload({ waitUntil: "load" });
   await page.waitForFunction(() => window.app?.graph && window.app.graph.getNodeById(4)?.widgets?.find((x) => x.name === "ssd_grid"),
     null, { timeout: 120000 });
@@ -212,6 +252,80 @@ try {
   await page.waitForTimeout(400);
   result.batchAfter = await readBatch();
   result.batchPixels = (await widgetStates())["3"]?.pixels ?? null;
+
+  step("no widgets at creation");
+  // a frontend that runs onNodeCreated before the node has a widgets array (or after removing it)
+  result.noWidgets = await page.evaluate(() => {
+    const node = window.LiteGraph.createNode("SSDSampler");
+    node.widgets = undefined;
+    let error = null;
+    try {
+      node.onNodeCreated();
+    } catch (e) {
+      error = String(e);
+    }
+    const ws = (node.widgets ?? []).filter((x) => x.name === "ssd_grid");
+    return { error, widgets: ws.length, api: Boolean(ws[0]?.ssd) };
+  });
+
+  step("copy and paste");
+  result.paste = await page.evaluate(() => {
+    const { app } = window;
+    const before = new Set(app.graph._nodes.map((n) => n.id));
+    const original = app.graph.getNodeById(4);
+    app.canvas.selectItems?.([original]) ?? app.canvas.selectNode(original);
+    app.canvas.copyToClipboard();
+    app.canvas.pasteFromClipboard({});
+    const added = app.graph._nodes.filter((n) => !before.has(n.id));
+    return { added: added.map((n) => n.type), id: added[0]?.id ?? null };
+  });
+  await page.waitForTimeout(500);
+  if (result.paste.id !== null) {
+    result.pasted = await nodeWidget([result.paste.id]);
+    result.pastedOriginal = await nodeWidget([4]);
+    await page.evaluate((id) => window.app.graph.remove(window.app.graph.getNodeById(id)), result.paste.id);
+  }
+
+  step("subgraph");
+  // the ssd sampler on an 8x8 grid with a new seed, moved into a subgraph, run again: its widget fills from the
+  // events of execution id "<subgraph node>:<node>"
+  result.subgraph = await page.evaluate(() => {
+    const { app } = window;
+    const n = app.graph.getNodeById(5);
+    n.widgets.find((w) => w.name === "seed").value = 4242;
+    n.widgets.find((w) => w.name === "grid").value = "8x8 (32x32 px, 1:1) reference";
+    app.canvas.selectItems([n]);
+    app.extensionManager.command.execute("Comfy.Graph.ConvertToSubgraph");
+    const outer = app.graph._nodes.find((x) => x.subgraph);
+    const inner = outer?.subgraph?.nodes?.find((x) => x.type === "SSDSampler");
+    return { outer: outer?.id ?? null, inner: inner?.id ?? null };
+  });
+  await page.waitForTimeout(500);
+  if (result.subgraph.outer !== null && result.subgraph.inner !== null) {
+    const path = [result.subgraph.outer, result.subgraph.inner];
+    await page.evaluate(async () => { // the page was reloaded since: listen again
+      const { api } = await import("/scripts/api.js");
+      window.__ssdLive = { events: 0, running: 0, nodes: [] };
+      api.addEventListener("ssd.grid", (e) => {
+        window.__ssdLive.events++;
+        const id = String(e.detail?.node);
+        if (!window.__ssdLive.nodes.includes(id)) window.__ssdLive.nodes.push(id);
+        if (e.detail?.done === false) window.__ssdLive.running++;
+      });
+    });
+    await page.evaluate(() => window.app.queuePrompt(0, 1));
+    await page.waitForFunction((path) => {
+      let graph = window.app.graph;
+      let node = null;
+      for (const id of path) { node = graph?.getNodeById(Number(id)); graph = node?.subgraph; }
+      const t = node?.widgets?.find((x) => x.name === "ssd_grid")?.ssd?.state?.trace;
+      return t?.done && t.grid[0] === 8 && t.seed === 4242;
+    }, path, { timeout: TIMEOUT, polling: 250 });
+    result.subgraphAfter = await nodeWidget(path);
+    result.subgraphLive = await page.evaluate(() => window.__ssdLive);
+    await page.screenshot({ path: join(OUT, "subgraph.png") });
+  }
+  result.packLogged.push(...(await packLogged()));
   step("done");
 } catch (e) {
   result.error = String(e?.stack ?? e);
