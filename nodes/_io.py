@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 
-MIN_COMFYUI = "0.3.64"  # the oldest ComfyUI the pack is tested on (pyproject's requires-comfyui)
+MIN_COMFYUI = "0.3.50"  # the oldest ComfyUI the pack is tested on (pyproject's requires-comfyui)
 
 
 def _in_comfyui():
