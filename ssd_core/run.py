@@ -234,32 +234,37 @@ class Run:
 
 class SlotTable:
     """Rows [V] for a moving span [lo, hi) of image slots (by rank) on the model's device: what open slots
-    need across steps. Rows below the first open slot are dropped when the span moves (window-sized)."""
+    need across steps. The span's rows sit in a buffer with room to grow: moving lo up or hi within the room
+    copies nothing (a drafted cell's q used to reallocate and copy the whole table); when the span outgrows
+    it, its rows move to a new buffer half again as large (about window-sized). Rows never written are 0."""
 
     def __init__(self, V: int, device):
-        self.lo = 0
-        self.rows = torch.zeros(0, V, device=device)
+        self.base = 0  # rank of the buffer's first row
+        self.lo = self._hi = 0
+        self.rows = torch.zeros(0, V, device=device)  # the buffer
 
     @property
     def hi(self) -> int:
-        return self.lo + self.rows.shape[0]
+        return self._hi
 
     def get(self, a: int, b: int) -> torch.Tensor:
-        return self.rows[a - self.lo:b - self.lo]
+        return self.rows[a - self.base:b - self.base]
 
     def span(self, lo: int, hi: int) -> None:
-        """Cover ranks [lo, max(hi, self.hi)), dropping rows below lo."""
-        hi = max(hi, self.hi)
-        if lo != self.lo or hi > self.hi:
-            rows = torch.zeros(hi - lo, self.rows.shape[1], device=self.rows.device)
-            a, b = max(lo, self.lo), min(self.hi, hi)
+        """Cover ranks [lo, max(hi, self.hi)), dropping rows below lo (lo never moves down)."""
+        hi = max(hi, self._hi)
+        if lo < self.base or hi - self.base > self.rows.shape[0]:  # out of room: a new buffer from lo
+            size = hi - lo + max(16, (hi - lo) // 2)
+            rows = torch.zeros(size, self.rows.shape[1], device=self.rows.device)
+            a, b = max(lo, self.lo), min(self._hi, hi)
             if b > a:
-                rows[a - lo:b - lo] = self.rows[a - self.lo:b - self.lo]
-            self.rows, self.lo = rows, lo
+                rows[a - lo:b - lo] = self.rows[a - self.base:b - self.base]
+            self.rows, self.base = rows, lo
+        self.lo, self._hi = lo, hi
 
     def put(self, a: int, values: torch.Tensor) -> None:
         """values [n, V] for ranks [a, a + n) inside the span."""
-        self.rows[a - self.lo:a - self.lo + values.shape[0]] = values
+        self.rows[a - self.base:a - self.base + values.shape[0]] = values
 
 
 class Policy:

@@ -39,7 +39,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
             if heads.vertical_left and jacobi and stop - s > 1:  # the whole stretch at once, a few sweeps
                 codes = _jacobi_row(run, s, stop, pick, jacobi)
             elif heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
-                codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_step)
+                codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_steps(run, s, stop))
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
                 with torch.no_grad():  # [B, n, d] -> h of `slots`
@@ -59,7 +59,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
 def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last_feature: bool = True) -> torch.Tensor:
     """A chain along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
     slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code),
-    e(code before it in the chain, None at lo)) (default Hh(prev, e(code)); `_left_step` for a vertical_left Hv); the
+    e(code before it in the chain, None at lo)) (default Hh(prev, e(code)); `_left_steps` for a vertical_left Hv); the
     features are written (last_feature False: not the last slot's, which nothing drafts from). -> codes [hi - lo]."""
     picked, before = [], None
     run.check_heads(prev, run.slots(lo, lo + 1))  # the feature drafting lo (the rest: checked below)
@@ -84,7 +84,7 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     """Drafts of the image slots [lo, hi) of one row below the first, all cells at once: each sweep computes
     every cell's vertical_left Hv feature from the row above and the current tokens on its left, then every
     cell's code from the feature before it; the first guess is the row above's tokens. The left-to-right
-    chain (_chain with _left_step) is the fixed point this iteration reaches after at most hi - lo sweeps; a
+    chain (_chain with _left_steps) is the fixed point this iteration reaches after at most hi - lo sweeps; a
     few sweeps give nearly its drafts for `sweeps` + 1 head calls instead of hi - lo (the rest of the
     per-cell ops alike). -> codes [hi - lo]; the features are written."""
     heads, stride, W = run.heads, run.layout.row_stride, run.layout.grid[1]
@@ -126,19 +126,28 @@ def _above(run: Run, t: int, right: int = 0) -> int:
     return max(first, min(t - stride + run.heads.vertical_shift + right, first + run.layout.grid[1] - 1))
 
 
-def _left_step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
-    """[B, d] a vertical_left Hv's feature at slot t (which drafts slot t + 1), below the first row: from the row
-    above and t's token embedding [d] (not from prev, the feature on the left); vertical_left 2 also reads the
-    token of slot t - 1 (`before`, drafted just before in this chain; None: the slot's id) and the cell above-left."""
-    up, right = _above(run, t), _above(run, t, 1)
-    if run.heads.vertical_left < 2:
-        e = _embed(run, run.ids[[up, right]])  # [2, d]
-        return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1])
-    upleft = _above(run, t, -1)
-    e = _embed(run, run.ids[[up, right, upleft] + ([t - 1] if before is None else [])])  # [3 or 4, d]
-    before = e[3] if before is None else before
-    return run.heads.vertical(run.features[:, up], e[0], token, run.features[:, right], e[1], before,
-                              run.features[:, upleft], e[2])
+def _left_steps(run: Run, lo: int, hi: int):
+    """The step of a vertical_left Hv chain over slots [lo, hi) of a row below the first: step(run, t, prev, token,
+    before) -> [B, d] the feature at slot t (which drafts slot t + 1), from the row above and t's token embedding
+    [d] (not from prev, the feature on the left); vertical_left 2 also reads the token of slot t - 1 (`before`,
+    drafted just before in this chain; None at lo: the slot's id) and the cell above-left. The embeddings of the
+    row above's tokens (and of the token before lo) are looked up once for the whole chain."""
+    n, two = hi - lo, run.heads.vertical_left >= 2
+    ups = [_above(run, t) for t in range(lo, hi)]
+    rights = [_above(run, t, 1) for t in range(lo, hi)]
+    lefts = [_above(run, t, -1) for t in range(lo, hi)] if two else []
+    e = _embed(run, run.ids[ups + rights + lefts + ([lo - 1] if two else [])])  # [2n or 3n + 1, d]
+
+    def step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
+        i = t - lo
+        up, right = ups[i], rights[i]
+        if not two:
+            return run.heads.vertical(run.features[:, up], e[i], token, run.features[:, right], e[n + i])
+        before = e[3 * n] if before is None else before
+        return run.heads.vertical(run.features[:, up], e[i], token, run.features[:, right], e[n + i], before,
+                                  run.features[:, lefts[i]], e[2 * n + i])
+
+    return step
 
 
 def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> None:
