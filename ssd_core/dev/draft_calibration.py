@@ -11,8 +11,10 @@ from ssd_core.acceptance import horizontal_chain, overlap, vertical_drafts
 from ssd_core.sampling import guide, log_probs, settings_from
 from ssd_core.train import collect_features, read_grids
 
-m = ssd_core.load_model('reference'); d = m.defaults
-s = settings_from(d); lay = m.layout(None)
+m = ssd_core.load_model('reference')
+d = m.defaults
+s = settings_from(d)
+lay = m.layout(None)
 prompts, codes = read_grids(sys.argv[1], m)
 h, ids = collect_features(m, prompts, codes, s, lay, 32)
 heads = ssd_core.load_heads(sys.argv[2], m)

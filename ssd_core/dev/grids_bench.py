@@ -6,7 +6,9 @@ import ssd_core
 from ssd_core import train
 from ssd_core.sampling import settings_from
 
-m = ssd_core.load_model("reference"); lay = m.layout(None); d = m.defaults
+m = ssd_core.load_model("reference")
+lay = m.layout(None)
+d = m.defaults
 s = settings_from(d, 3)
 prompts = [i % 11 for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 32)]
 codes = {}

@@ -4,8 +4,10 @@ import json, sys, torch, ssd_core
 from ssd_core.acceptance import heads_acceptance
 from ssd_core.sampling import settings_from
 from ssd_core.train import read_grids, collect_features, stale_features
-m = ssd_core.load_model('reference'); d = m.defaults
-s = settings_from(d); lay = m.layout(None)
+m = ssd_core.load_model('reference')
+d = m.defaults
+s = settings_from(d)
+lay = m.layout(None)
 prompts, codes = read_grids(sys.argv[1], m)
 h, ids = collect_features(m, prompts, codes, s, lay, 32)
 hs = stale_features(m, prompts, h, ids, s, lay, 0.2, 32, 1)[0]

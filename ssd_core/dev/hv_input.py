@@ -50,10 +50,12 @@ def score(m, s, cells, predict, hh, idsh):
     H, W = cells.shape
     tot, n = 0.0, 0
     for b in range(0, hh.shape[0], 16):
-        hb = hh[b:b + 16].float(); e = m.embed(idsh[b:b + 16])
+        hb = hh[b:b + 16].float()
+        e = m.embed(idsh[b:b + 16])
         p = guided_logp(m, hb[:, :, cells[1:, 1:]], s)
         q = guided_logp(m, predict(hb, e)[:, :, :, :-1], s)
-        tot += overlap(p, q).sum().item(); n += p.shape[0] * (H - 1) * (W - 1)
+        tot += overlap(p, q).sum().item()
+        n += p.shape[0] * (H - 1) * (W - 1)
     return tot / n
 
 
@@ -62,10 +64,12 @@ def fit(m, s, cells, head, predict, h, ids, hh, idsh, steps, lr, kl, label, tv=0
     8, one-cycle lr), printing the held-out expected acceptance four times; returns the final one."""
     opt = torch.optim.AdamW(head.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
-    g = torch.Generator().manual_seed(1); t0 = time.time()
+    g = torch.Generator().manual_seed(1)
+    t0 = time.time()
     for st in range(steps):
         idx = torch.randint(0, h.shape[0], (8,), generator=g)
-        hb = h[idx].float(); e = m.embed(ids[idx])
+        hb = h[idx].float()
+        e = m.embed(ids[idx])
         pred = predict(hb, e)
         loss = F.smooth_l1_loss(pred, hb[:, :, cells[1:] + 1])
         with torch.no_grad(): logp = guided_logp(m, hb[:, :, cells[1:, 1:]], s)
@@ -74,7 +78,10 @@ def fit(m, s, cells, head, predict, h, ids, hh, idsh, steps, lr, kl, label, tv=0
             loss = loss + kl * (logp.exp() * (logp.clamp(min=-1e30) - logq)).sum(-1).mean()
         if tv:
             loss = loss + tv * (1 - torch.minimum(logp.exp(), logq.exp()).sum(-1)).mean()
-        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
         if (st + 1) % max(1, steps // 4) == 0:
             print(f"{label} step {st+1} ({time.time()-t0:.0f} s): held-out Hv expected "
                   f"{score(m, s, cells, predict, hh, idsh):.4f}", flush=True)
@@ -87,7 +94,9 @@ def main():
     H, W = lay.grid
     print("stride", lay.row_stride, "L", lay.num_slots, flush=True)
     GRIDS, HELD = sys.argv[1], sys.argv[2]
-    N = int(sys.argv[3]); steps = int(sys.argv[4]); init = sys.argv[5]  # 'shipped' or 'fresh'
+    N = int(sys.argv[3])
+    steps = int(sys.argv[4])
+    init = sys.argv[5]  # 'shipped' or 'fresh'
     inter = int(sys.argv[6]) if len(sys.argv) > 6 else 256
     shifts = [int(v) for v in sys.argv[7].split(',')] if len(sys.argv) > 7 else [0, 1]
     kls = [float(v) for v in sys.argv[8].split(',')] if len(sys.argv) > 8 else [1.0]
