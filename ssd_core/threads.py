@@ -2,7 +2,7 @@
 node, the CLI and bench alike), and the caller's (ComfyUI's) count restored afterwards.
 
 A small model's step is a few tiny matmuls: torch's threads then cost more in hand-offs than they save, and
-on a busy machine they wait for each other (README, "Threads": the bundled model's `ar` wall at 1 vs 2
+on a busy machine they wait for each other (docs/speed.md, "Threads": the bundled model's `ar` wall at 1 vs 2
 threads, idle and with another busy process). A model below SMALL_MODEL_PARAMETERS on the CPU runs on one
 thread; larger models, GPU runs and an explicit OMP_NUM_THREADS are left as they are.
 """

@@ -133,7 +133,7 @@ def generate_grids(model, prompts: list, settings: SamplerSettings, layout: Layo
     """Batched AR sampling with CFG: [N, L] codes per slot (-1 at forced slots). One token per forward reads
     the whole KV cache, so the loop is memory-bound: it runs on the static cache (written in place) unless the
     model already has one: half the time of the dynamic cache on the bundled model, the same grids
-    (`python -m ssd_core.dev.grids_bench`; figures in the README)."""
+    (`python -m ssd_core.dev.grids_bench`; figures in docs/heads-and-acceptance.md)."""
     from . import static_cache
 
     before = getattr(model, "static", None)

@@ -8,7 +8,7 @@ JACOBI_SWEEPS sweeps over the whole row, drafting._jacobi_row) and, after a corr
 corrected token (`reanchor_row`): FIRST_ROW_REDRAFT cells in the first row (where only Hh drafts), the
 next cell in the rows below (where the verifier's outputs, which see the row above, beat Hh past one step).
 Without heads the new rows start as copies of the row above, and the first row from the verifier's latest
-output. The choices and their measured steps and ops per step: README, "GPUs and Macs"."""
+output. The choices and their measured steps and ops per step: docs/speed.md, "GPUs and Macs"."""
 
 from ..run import Policy, Run
 from .drafting import draft, draft_without_heads, reanchor_row, rows_end

@@ -1,5 +1,5 @@
 """The weights' memory of the released models at each quantization, from meta-device inits of their configs
-(no download): `python -m ssd_core.dev.memory_table` prints the README's table."""
+(no download): `python -m ssd_core.dev.memory_table` prints docs/models-and-memory.md's table."""
 from __future__ import annotations
 
 import torch

@@ -52,7 +52,7 @@ def detect_family(folder: Path) -> str:
     from ..hub import read_config, read_json_object
 
     if os.path.lexists(folder / "ssd_model.json"):  # an SSDError when it is not a JSON object or its family not a name
-        return read_json_object(folder, "ssd_model.json", "see the README, section 'ssd_model.json'").get(
+        return read_json_object(folder, "ssd_model.json", "see docs/models-and-memory.md, section 'ssd_model.json'").get(
             "family", "llama-grid")
 
     archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON

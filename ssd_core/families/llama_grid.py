@@ -1,6 +1,6 @@
 """`llama-grid`: any transformers decoder-only causal LM whose image tokens are one contiguous id range.
 
-The folder holds the transformers files plus `ssd_model.json` (keys documented in the README). A prompt is
+The folder holds the transformers files plus `ssd_model.json` (keys documented in docs/models-and-memory.md). A prompt is
 a class id (or a class name from `class_names`); the unconditional stream is the null class token.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .base import GridModel
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")
-SEE = "see the README, section 'ssd_model.json'"
+SEE = "see docs/models-and-memory.md, section 'ssd_model.json'"
 
 
 def read_spec(folder: Path, vocab: int | None = None) -> dict:
