@@ -68,8 +68,8 @@ DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
     "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent", "repair"),
                        {"draft_rows": 1}),
-    # 3 rows: fewest steps with and without heads on the bundled model (docs/decoders.md, "Exact speed-up without heads";
-    # with heads, 1-5 rows on 3 images: median 168 / 129 / 119 / 128 / 116 steps)
+    # 3 rows: about the fewest steps with and without heads on the bundled model (docs/decoders.md, "Exact
+    # speed-up without heads"); fewer rows cost less per step on a CPU (docs/speed.md, "GPUs and Macs")
     "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
