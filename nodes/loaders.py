@@ -39,22 +39,24 @@ class SSDLoadModel(io.ComfyNode):
             node_id="SSDLoadModel",
             display_name="Load AR Image Model (SSD)",
             category=CATEGORY,
-            description=("Loads an autoregressive image model: 'reference' is the small model bundled with "
-                         "this pack; others are transformers-format folders (with config.json) placed in "
-                         "ComfyUI/models/ssd_models."),
+            description=("Loads an autoregressive image model for the SSD Sampler: 'reference' is the small model "
+                         "that comes with this pack (runs anywhere, right after install); others are "
+                         "transformers-format folders (with config.json) placed in ComfyUI/models/ssd_models."),
             inputs=[
                 io.Combo.Input("model", options=_comfy.model_choices(), default=_comfy.BUNDLED,
-                               tooltip="folders under models/ssd_models holding a config.json"),
+                               tooltip="reference (bundled) or a folder under models/ssd_models holding a config.json"),
                 io.Combo.Input("dtype", options=DTYPES, default="auto",
-                               tooltip="auto = the model's own choice for the device"),
+                               tooltip="auto = the model's own choice for the device; float32 = ssd-exact gives plain AR's picture pixel "
+                                       "for pixel; bfloat16 / float16 = half the memory, the picture may differ "
+                                       "slightly from plain AR's"),
                 io.Combo.Input("device", options=DEVICES, default="auto",
                                tooltip="auto = ComfyUI's device; mps = an Apple GPU"),
                 io.Combo.Input("quantization", options=list(QUANTIZATIONS), default="none", optional=True,
                                tooltip="8-bit / 4-bit (NF4) weights through bitsandbytes for 12-16 GB cards (the "
                                        "image head stays full precision); needs pip install bitsandbytes"),
                 io.Combo.Input("offload", options=list(OFFLOADS), default="none", optional=True,
-                               tooltip="auto: layers that do not fit in the free VRAM wait on the CPU "
-                                       "(accelerate; slower, CUDA only)"),
+                               tooltip="auto: layers that do not fit in the free graphics memory wait on the CPU "
+                                       "(slower, CUDA only)"),
                 io.Combo.Input("compile", options=list(COMPILE_MODES), default="off", optional=True, tooltip=(
                     "static = a preallocated KV cache; compiled = that cache plus torch.compile (CUDA graphs on a "
                     "GPU; the first image of each window size compiles, slow; then faster steps)")),
@@ -98,12 +100,14 @@ class SSDLoadHeads(io.ComfyNode):
             node_id="SSDLoadHeads",
             display_name="Load SSD Heads",
             category=CATEGORY,
-            description=("Attaches draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model; "
-                         "the ssd, ssd-exact decoders need them. 'reference' = the heads bundled for the "
-                         "reference model; 'none' = no heads (ar, sjd, zipar)."),
+            description=("Adds draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model: small "
+                         "layers that guess rows ahead. ssd needs them; ssd-exact is faster with them; ar, sjd, "
+                         "zipar do not use them. 'reference' = the heads of the bundled reference model."),
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
-                io.Combo.Input("heads", options=_comfy.heads_choices(), default=_comfy.BUNDLED),
+                io.Combo.Input("heads", options=_comfy.heads_choices(), default=_comfy.BUNDLED,
+                               tooltip="a heads file in models/ssd_heads made for the loaded model; reference = the "
+                                       "bundled model's; none = no heads"),
                 io.String.Input("hub_repo", default="", optional=True,
                                 tooltip="a Hugging Face repo id (owner/name) holding heads; when set it replaces the "
                                         "heads list. Kept in models/ssd_heads/<repo id>"),

@@ -89,30 +89,38 @@ class SSDSampler(io.ComfyNode):
             node_id="SSDSampler",
             display_name="SSD Sampler",
             category=CATEGORY,
-            description=("Generates an image token by token with an autoregressive model. decoder: ar = one "
-                         "token per step (the reference); ssd = spatially speculative decoding (needs heads); "
-                         "ssd-exact = the same image as ar for the same seed, in fewer steps; sjd, zipar = peers."),
+            description=("Makes an image with an autoregressive model in far fewer model steps: it guesses rows of "
+                         "tokens ahead and the model checks them. decoder: ssd-exact = the same picture as plain ar, "
+                         "faster; ssd = faster still, close in quality (needs heads); ar = one token at a time (the "
+                         "reference); sjd, zipar = other methods, for comparison."),
             # new inputs go last: saved workflows keep their widget values by position
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
                 io.String.Input("prompt", multiline=True, default="face",
-                                tooltip="text; for class-conditional models (the reference) a class name or index"),
+                                tooltip="what to draw; the bundled reference model takes a class name (such as face) or its number"),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
                 io.Float.Input("cfg", default=AUTO, min=AUTO, max=100.0, step=0.1, round=0.01,
-                               tooltip="classifier-free guidance scale; -1 = the model's default"),
+                               tooltip="how strongly the picture follows the prompt (classifier-free guidance); -1 = the model's default"),
                 io.Float.Input("temperature", default=AUTO, min=AUTO, max=10.0, step=0.05, round=0.01,
-                               tooltip="-1 = the model's default; 0 = greedy"),
+                               tooltip="how adventurous each token choice is: lower = safer; 0 = always the most likely token; -1 = the "
+                                       "model's default"),
                 io.Int.Input("top_k", default=AUTO, min=AUTO, max=1 << 20,
-                             tooltip="-1 = the model's default; 0 = no top-k"),
+                             tooltip="pick only among the k most likely tokens; 0 = no limit; -1 = the model's default"),
                 io.Float.Input("top_p", default=AUTO, min=AUTO, max=1.0, step=0.01, round=0.001,
-                               tooltip="-1 = the model's default; 1 = no top-p"),
+                               tooltip="pick only among the most likely tokens making up this share of the probability; 1 = no limit; "
+                                       "-1 = the model's default"),
                 io.Combo.Input("decoder", options=list(ssd_core.DECODERS), default="ssd-exact",
-                               tooltip="ssd-exact: the image of ar for the seed in fewer steps, with or without "
-                                       "heads (heads draft better)"),
+                               tooltip="ssd-exact = the same picture as plain ar (in float32), in fewer steps; ssd = "
+                                       "faster still, close in quality (needs heads); ar = one token at a time (the "
+                                       "reference); sjd, zipar = other methods, for comparison"),
                 io.Int.Input("draft_rows", default=DRAFT_ROWS.default, min=DRAFT_ROWS.low, max=DRAFT_ROWS.high,
-                             tooltip=DRAFT_ROWS.help),
+                             tooltip="rows guessed ahead and checked together (ssd, ssd-exact): more = fewer steps "
+                                     "when the guesses are good, more work per step; 0 = the decoder's default "
+                                     "(ssd 1, ssd-exact 3)"),
                 io.Int.Input("verify_rounds", default=VERIFY_ROUNDS.default, min=VERIFY_ROUNDS.low,
-                             max=VERIFY_ROUNDS.high, tooltip=VERIFY_ROUNDS.help),
+                             max=VERIFY_ROUNDS.high,
+                             tooltip="times the model may fix a guessed row before keeping it (ssd): more = closer "
+                                     "to ar, fewer = fewer steps"),
                 io.Combo.Input("grid", options=grids.choices(), default=grids.AUTO,
                                tooltip="image size in tokens (rows x columns), its pixels and aspect, and the "
                                        "family it belongs to; auto = the model's default"),
@@ -120,18 +128,19 @@ class SSDSampler(io.ComfyNode):
                     f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
                     "leave it empty for the others")),
                 io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH, optional=True,
-                             tooltip="images per run, seeds seed, seed+1, ...; one model forward per step serves "
-                                     "them all"),
+                             tooltip="images per run, seeds seed, seed+1, ...; one model step serves them all, so a "
+                                     "batch costs far less than the images one by one"),
                 io.Float.Input("min_p", default=AUTO, min=AUTO, max=0.99, step=0.005, round=0.0001, optional=True,
-                               tooltip="-1 = the model's default; 0 = off; 0.01 = guidance only picks codes the "
-                                       "prompt gives at least 1% of its most likely code's probability"),
+                               tooltip="leave out tokens far less likely than the best one (0.01 = under 1% of its "
+                                       "probability); 0 = off; -1 = the model's default"),
             ],
             outputs=[
                 io.Image.Output("image", display_name="image", tooltip="the decoded images (a batch of batch_size)"),
-                SSD_TRACE.Output("trace", display_name="trace", tooltip="how every token became final (for SSD "
-                                 "Trace to Image; a list for a batch)"),
-                io.String.Output("stats", display_name="stats", tooltip="steps, tokens per step, time, acceptance "
-                                 "counts (a line per image)"),
+                SSD_TRACE.Output("trace", display_name="trace", tooltip="how every token was made (for SSD Trace "
+                                 "to Image; a list for a batch)"),
+                io.String.Output("stats", display_name="stats", tooltip="how many times fewer model steps than one "
+                                 "token at a time, the time, same picture as plain AR or not; then a details line "
+                                 "(a batch: its time once, then each image)"),
             ],
             hidden=[io.Hidden.unique_id],  # the node id that the widget's live events carry
             is_output_node=True,  # runs (and draws its grid) even with nothing connected; resends its trace cached
@@ -214,25 +223,30 @@ class SSDSampler(io.ComfyNode):
             _comfy.soft_empty_cache()
             raise out_of_memory("sampling") from None
 
-        fulls, smalls, lines, images = [], [], [], []
+        fulls, smalls, notes, images = [], [], [], []
         for i, result in enumerate(results):
             full = result.trace.to_dict()
             small = trace_mod.compact(full, done=True)
             if n > 1:
                 small.update(image=i, images=n)
-            stats = trace_mod.stats_text(full)
             if result.image is not None:
                 images.append(_to_image(result.image))
+                notes.append("")
             else:
                 images.append(trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"]))))
-                stats += " | this model has no pixel decoder here: the image shows the token grid"
+                notes.append(" | this model has no pixel decoder here: the image shows the token grid")
             fulls.append(full)
             smalls.append(small)
-            lines.append(stats)
         for small in smalls:
             progress.send("ssd.grid", small, force=True)
+        dtype = getattr(model, "dtype", None)
+        if n == 1:
+            head, detail = trace_mod.stats_text(fulls[0], dtype).split("\n")
+            stats = head + notes[0] + "\n" + detail
+        else:
+            stats = trace_mod.batch_stats_text(fulls, dtype, notes)
         trace = fulls[0] if n == 1 else fulls
-        return {"ui": {"ssd_trace": smalls}, "result": (torch.cat(images), trace, "\n".join(lines))}
+        return {"ui": {"ssd_trace": smalls}, "result": (torch.cat(images), trace, stats)}
 
 
 def _jpeg(img):

@@ -78,28 +78,86 @@ def live(progress, decoder, t0_wall):
     }
 
 
-def stats_text(trace):
-    """One readable line per run, the SSD Sampler's STRING output."""
+# what each cell status means, in the words of the widget's legend and the node help (web/docs)
+STATUS_WORDS = {"accepted": "drafted right", "corrected": "fixed by the model", "ar": "one at a time",
+                "forced": "forced", "pending": "pending"}
+EXACT_DECODERS = ("ssd-exact",)  # the same rule as plain ar: the same picture in float32
+
+
+def _seconds(s):
+    s = float(s or 0.0)
+    if not math.isfinite(s):
+        return "time unknown"
+    return f"{s:.1f} s" if s >= 10 else f"{s:.2f} s"
+
+
+def _dtype_name(dtype):
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+def headline(trace, dtype=None, time=True):
+    """What an artist reads first: the speed-up in model steps against one token at a time (plain AR) for the same
+    picture, the time, and for exact decoders whether the picture is plain AR's."""
+    decoder = trace.get("decoder")
+    h, w = (int(v) for v in trace["grid"])
+    counts = trace.get("counts") or {}
+    sampled = h * w - int(counts.get("forced", 0) or 0)  # plain AR's steps: one per token it samples
+    steps = int(trace.get("steps", 0))
+    if decoder == "ar":
+        parts = [f"ar: one token at a time, {steps} model steps (the reference)"]
+    elif steps > 0:
+        parts = [f"{decoder}: {sampled / steps:.1f}x fewer model steps than one token at a time "
+                 f"({steps} instead of {sampled})"]
+    else:
+        parts = [f"{decoder}: no model steps"]
+    if time:
+        parts.append(_seconds(trace.get("wall_s")))
+    if decoder in EXACT_DECODERS:
+        name = _dtype_name(dtype)
+        if name in (None, "float32", "float64"):
+            parts.append("same image as plain AR" + ("" if name else " (in float32)"))
+        else:
+            parts.append(f"same rule as plain AR; in {name} the picture may differ slightly from plain AR's")
+    return " | ".join(parts)
+
+
+def details(trace):
+    """The numbers behind the headline: grid, tokens per step, how each token was made, NLL (never inf), seed."""
     h, w = (int(v) for v in trace["grid"])
     cells = h * w
     steps = int(trace.get("steps", 0))
     counts = trace.get("counts") or {}
-    parts = [f"{trace.get('decoder')}: {h}x{w} = {cells} tokens in {steps} steps"]
+    parts = [f"{h}x{w} = {cells} tokens in {steps} steps"]
     if steps:
-        parts.append(f"{cells}/{steps} = {cells / steps:.2f} tokens per step")
-    parts.append(f"{float(trace.get('wall_s', 0.0) or 0.0):.2f} s")
-    kinds = ", ".join(f"{k} {counts[k]}" for k in STATUSES if counts.get(k))
+        parts.append(f"{cells / steps:.2f} tokens per step")
+    kinds = ", ".join(f"{STATUS_WORDS.get(k, k)} {counts[k]}" for k in ("accepted", "corrected", "ar", "forced")
+                      if counts.get(k))
     if kinds:
         parts.append(kinds)
     nll, full = trace.get("nll"), trace.get("nll_full")
     if nll is not None and math.isfinite(float(nll)):
         parts.append(f"nll {float(nll):.3f}")
-    elif full is not None:  # a token outside top-k / top-p: the untruncated figure says more
-        parts.append(f"nll inf (untruncated {float(full):.3f})")
-    elif nll is not None:
-        parts.append("nll inf")
+    elif full is not None and math.isfinite(float(full)):  # a token outside top-k / top-p: the untruncated figure
+        parts.append(f"nll {float(full):.3f} (untruncated: a token fell outside top-k / top-p)")
     parts.append(f"seed {trace.get('seed')}")
-    return " | ".join(parts)
+    return "details: " + " | ".join(parts)
+
+
+def stats_text(trace, dtype=None):
+    """The SSD Sampler's stats for one image: the headline, then a details line."""
+    return headline(trace, dtype) + "\n" + details(trace)
+
+
+def batch_stats_text(traces, dtype=None, notes=None):
+    """A batch: its time once (one model step serves every image), then per image its headline (without a time: the
+    images finish together) and details."""
+    notes = notes or [""] * len(traces)
+    wall = max((float(t.get("wall_s") or 0.0) for t in traces), default=0.0)
+    lines = [f"batch of {len(traces)} images: {_seconds(wall)} for all of them (one model step serves every image)"]
+    for i, (t, note) in enumerate(zip(traces, notes)):
+        lines.append(f"image {i + 1}: " + headline(t, dtype, time=False) + note)
+        lines.append("  " + details(t))
+    return "\n".join(lines)
 
 
 def render(trace, cell_size=16, color_by="status", gridlines=True):
@@ -117,13 +175,16 @@ class SSDTraceToImage(io.ComfyNode):
             node_id="SSDTraceToImage",
             display_name="SSD Trace to Image",
             category=CATEGORY,
-            description=("Draws the trace of an SSD Sampler run: green = draft accepted, orange = corrected "
-                         "by the verifier, grey = plain AR, blue = forced; or a gradient by step / round."),
+            description=("Draws the token grid of an SSD Sampler run: green = drafted right, orange = fixed by "
+                         "the model, grey = one at a time, blue = forced (set by the model's rules); or a gradient "
+                         "by step / round."),
             inputs=[
                 SSD_TRACE.Input("trace"),
                 io.Int.Input("cell_size", default=16, min=1, max=64, tooltip="pixels per token cell"),
-                io.Combo.Input("color_by", options=["status", "step", "round"], default="status"),
-                io.Boolean.Input("gridlines", default=True),
+                io.Combo.Input("color_by", options=["status", "step", "round"], default="status",
+                               tooltip="status = how each token was made (the colours above); step = early (dark "
+                                       "blue) to late (yellow); round = how many checks before it was kept"),
+                io.Boolean.Input("gridlines", default=True, tooltip="thin dark lines between the cells"),
                 io.Int.Input("index", default=-1, min=-1, max=63,
                              tooltip="which image of a batch; -1 = every image, as an IMAGE batch"),
             ],

@@ -12,7 +12,8 @@ saying how, when unset). docs/testing-comfyui.md has the versions tested and the
 Opens the UI, loads the bundled example workflow (from the template browser), presses Run, waits for the three
 samplers, checks the widget (grid with accepted and corrected colours, legend, hover), takes screenshots, reloads
 the page and checks the grid survives; then a batch selector, a node created without a widgets array, a copy and
-paste of a sampler, and a sampler moved into a subgraph and run there. SSD_SCREENSHOT_DIR (optional) receives
+paste of a sampler, a sampler moved into a subgraph and run there, and the sampler's help (web/docs) in English
+and Chinese in the frontend's node help panel. SSD_SCREENSHOT_DIR (optional) receives
 widget.png and widget_grid.png (the README's screenshots live in docs/), one folder per frontend.
 """
 
@@ -147,7 +148,9 @@ def test_the_widget_adds_no_widget_value_and_survives_a_reload(browser_run):
 # template index files) and checks its templates' model links on huggingface.co (offline here).
 CORE_NOISE = (re.compile(r"^http://127\.0\.0\.1:\d+/(api/userdata\b|user\.css$|api/settings/|favicon\.ico$"
                          r"|api/jobs\b|api/global_subgraphs$|templates/index_[\w.]+$)"),
-              re.compile(r"^https://(api\.comfy\.org|huggingface\.co)/"))
+              re.compile(r"^https://(api\.comfy\.org|huggingface\.co)/"),
+              # the node help: the frontend asks for docs/<node>/<locale>.md first, then falls back to docs/<node>.md
+              re.compile(rf"/extensions/{re.escape(harness.PACK_NAME)}/docs/SSD\w+/en\.md$"))
 CORE_NOISE_TEXT = re.compile(r"^(\[Jobs API\] Error fetching jobs: JobsApiError|Failed to fetch queue: JobsApiError)")
 
 
@@ -217,3 +220,14 @@ def test_a_sampler_inside_a_subgraph_fills_from_its_events(browser_run):
     assert after["decoder"] == "ssd" and after["saved"]
     live = browser_run["subgraphLive"]
     assert f"{sub['outer']}:{sub['inner']}" in live["nodes"] and live["running"] >= 1, live
+
+
+def test_the_node_help_shows_in_the_frontend(browser_run):
+    """web/docs/SSDSampler.md (English, the fallback of every locale) and web/docs/SSDSampler/zh.md render in the
+    frontend's node help panel; the frontend asks for /extensions/<pack>/docs/<node>/<locale>.md first."""
+    help = browser_run["help"]
+    for locale in ("en", "zh"):
+        assert help[locale].get("error") is None and help[locale]["found"], help
+    assert help["en"]["headings"] == ["SSD Sampler"] and help["zh"]["headings"] == ["SSD Sampler（SSD 采样器）"], help
+    base = f"/extensions/{harness.PACK_NAME}/docs/SSDSampler"
+    assert f"200 {base}.md" in help["requests"] and f"200 {base}/zh.md" in help["requests"], help["requests"]

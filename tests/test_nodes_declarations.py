@@ -158,3 +158,35 @@ def test_class_prompts():
     with pytest.raises(core.SSDError, match="class name or index"):
         r(m, "  ")
     assert r(types.SimpleNamespace(class_names=None), "a fox") == "a fox"
+
+
+DOCS = ROOT / "web" / "docs"
+
+
+@pytest.mark.parametrize("locale", ["", "zh"])
+def test_every_node_has_help_naming_every_input(locale):
+    """ComfyUI's frontend shows WEB_DIRECTORY/docs/<node>.md (and docs/<node>/<locale>.md) as the node's help: one
+    per node, in English and Simplified Chinese, naming every input and output as the node declares it."""
+    for cls in nodes.NODE_LIST:
+        schema = cls.define_schema()
+        path = DOCS / schema.node_id / f"{locale}.md" if locale else DOCS / f"{schema.node_id}.md"
+        text = path.read_text(encoding="utf-8")
+        assert text.startswith(f"# {schema.display_name}"), path
+        names = [i.id for i in schema.inputs] + [o.id for o in schema.outputs if o.id and schema.node_id == "SSDSampler"]
+        missing = [n for n in names if f"**{n}**" not in text]
+        assert missing == [], (path, missing)
+        if locale == "zh":
+            assert re.search(r"[\u4e00-\u9fff]", text), path
+
+
+def test_the_tooltips_say_what_the_help_says():
+    """The sampler's tooltips are the short form of its help: the decoders' promises and the dtype rule."""
+    tips = {i.id: i.tooltip or "" for i in nodes.SSDSampler.define_schema().inputs}
+    assert "same picture as plain ar" in tips["decoder"] and "close in quality" in tips["decoder"]
+    assert "sjd, zipar = other methods" in tips["decoder"]
+    help_text = (DOCS / "SSDSampler.md").read_text(encoding="utf-8")
+    for phrase in ("the same picture as plain `ar`", "close in quality", "other published speed-up methods",
+                   "differ slightly from plain AR's"):
+        assert phrase in help_text
+    dtype = {i.id: i.tooltip for i in nodes.SSDLoadModel.define_schema().inputs}["dtype"]
+    assert "float32" in dtype and "differ slightly from plain AR's" in dtype

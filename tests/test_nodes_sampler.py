@@ -40,6 +40,10 @@ def test_sampler_ar_and_ssd(ref):
     assert ar["result"][1]["steps"] in (H * W - 1, H * W)  # the prefill may write the first token
     assert ssd["result"][1]["steps"] < ar["result"][1]["steps"]
     assert ssd["result"][1]["counts"].get("accepted", 0) > 0
+    head, detail = ssd["result"][2].split("\n")  # the headline in an artist's words, then the numbers
+    assert head.startswith("ssd: ") and "x fewer model steps than one token at a time" in head
+    assert detail.startswith("details: ") and "drafted right" in detail
+    assert ar["result"][2].startswith("ar: one token at a time")
     assert set(ar["ui"]["ssd_trace"][0]["status"]) == {"1"}
 
 
@@ -168,7 +172,11 @@ def test_sampler_batch_gives_an_image_batch_and_a_trace_per_image(ref, fake_comf
     assert values == sorted(values) and values[-1] == 3 * 12 * 12
     images, traces, stats = out["result"]
     assert images.shape[0] == 3 and isinstance(traces, list) and len(traces) == 3
-    assert [t["seed"] for t in traces] == [20, 21, 22] and len(stats.splitlines()) == 3
+    assert [t["seed"] for t in traces] == [20, 21, 22]
+    lines = stats.splitlines()  # the batch's time once, then each image's headline (no time) and details
+    assert len(lines) == 7 and lines[0].startswith("batch of 3 images: ") and "for all of them" in lines[0]
+    assert [ln.split(":")[0] for ln in lines[1::2]] == ["image 1", "image 2", "image 3"]
+    assert all("same image as plain AR" in ln for ln in lines[1::2]) and "seed 22" in lines[6]
     for i, t in enumerate(traces):  # every image is its own single run (ssd-exact = ar for its seed)
         alone = run(ref, decoder="ar", grid=SMALL, seed=20 + i)
         assert t["tokens"] == alone["result"][1]["tokens"]

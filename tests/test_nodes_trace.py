@@ -57,14 +57,47 @@ def test_compact_trace_is_strict_json():
     small = trace_mod.compact(t)
     json.dumps(small, allow_nan=False)
     assert small["nll"] is None and small["wall_s"] is None and small["tokens_per_step"] == 3.0
-    assert "nll inf" in trace_mod.stats_text(t)
+    s = trace_mod.stats_text(t)
+    assert "inf" not in s and "nan" not in s and "nll" not in s  # an infinite NLL is never shown
     t.update(nll=None, nll_full=2.5)  # as the engine writes it: null, with the untruncated figure
-    assert "nll inf (untruncated 2.500)" in trace_mod.stats_text(t)
+    s = trace_mod.stats_text(t)
+    assert "nll 2.500 (untruncated" in s and "inf" not in s
 
 
 def test_stats_text():
+    """Headline first (the speed-up against one token at a time, the time), then a details line with the numbers;
+    the statuses in the legend's words."""
     t = fake_trace()
-    t.update(wall_s=1.5, nll=2.25, counts={"accepted": 2, "ar": 1}, seed=3)
-    s = trace_mod.stats_text(t)
-    assert s.startswith("ssd: 2x3 = 6 tokens in 2 steps") and "6/2 = 3.00 tokens per step" in s
-    assert "ar 1, accepted 2" in s and "nll 2.250" in s and "seed 3" in s
+    t.update(wall_s=1.5, nll=2.25, counts={"accepted": 2, "ar": 1, "corrected": 3}, seed=3)
+    head, detail = trace_mod.stats_text(t).split("\n")
+    assert head == "ssd: 3.0x fewer model steps than one token at a time (2 instead of 6) | 1.50 s"
+    assert detail.startswith("details: 2x3 = 6 tokens in 2 steps | 3.00 tokens per step")
+    assert "drafted right 2, fixed by the model 3, one at a time 1" in detail
+    assert "nll 2.250" in detail and "seed 3" in detail
+    t.update(counts={"accepted": 2, "ar": 1, "forced": 2})  # forced cells are not plain AR's steps
+    assert "(2 instead of 4)" in trace_mod.stats_text(t)
+
+
+def test_stats_text_says_when_the_picture_is_plain_ars():
+    t = fake_trace()
+    t.update(decoder="ssd-exact", wall_s=12.345, counts={"accepted": 5, "ar": 1})
+    assert trace_mod.headline(t, torch.float32).endswith("| 12.3 s | same image as plain AR")
+    assert trace_mod.headline(t).endswith("same image as plain AR (in float32)")
+    bf16 = trace_mod.headline(t, torch.bfloat16)
+    assert "same rule as plain AR" in bf16 and "bfloat16 the picture may differ slightly" in bf16
+    t.update(decoder="ar", steps=6)
+    assert trace_mod.headline(t).startswith("ar: one token at a time, 6 model steps")
+    t.update(decoder="ssd")
+    assert "plain AR" not in trace_mod.headline(t, torch.float32)
+
+
+def test_batch_stats_say_the_time_once():
+    a, b = fake_trace(), fake_trace()
+    a.update(wall_s=2.0, seed=1)
+    b.update(wall_s=3.0, seed=2, steps=3)
+    lines = trace_mod.batch_stats_text([a, b], notes=["", " | note"]).splitlines()
+    assert lines[0].startswith("batch of 2 images: 3.00 s for all of them")
+    assert lines[1].startswith("image 1: ssd: 3.0x fewer") and not lines[1].endswith(" s")
+    assert lines[2].startswith("  details:") and "seed 1" in lines[2]
+    assert lines[3].startswith("image 2: ssd: 2.0x fewer") and lines[3].endswith(" | note") and "seed 2" in lines[4]
+    assert len(lines) == 5

@@ -329,6 +329,53 @@ try {
     await page.screenshot({ path: join(OUT, "subgraph.png") });
   }
   }
+  // the node's help (web/docs/SSDSampler.md, web/docs/SSDSampler/zh.md) in the frontend's own panel: the right
+  // side panel's Info tab of the selected node (1.3x+), else the node library's help page (1.2x)
+  step("help");
+  result.help = { requests: [] };
+  page.on("response", (r) => {
+    if (r.url().includes(`/extensions/${PACK}/docs/`)) result.help.requests.push(`${r.status()} ${new globalThis.URL(r.url()).pathname}`);
+  });
+  for (const [locale, want] of [["en", "Which decoder?"], ["zh", "选哪个解码器"]]) {
+    await page.evaluate((locale) => window.app.extensionManager.setting.set("Comfy.Locale", locale), locale);
+    await page.waitForTimeout(300);
+    const shown = await page.evaluate(async () => {
+      const { app } = window;
+      const pinia = document.querySelector("#vue-app")?.__vue_app__?.config?.globalProperties?.$pinia;
+      if (!pinia) return { error: "no pinia on #vue-app" };
+      const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+      const node = app.graph._nodes.find((n) => n.type === "SSDSampler");
+      const panel = pinia._s.get("rightSidePanel");
+      if (panel) { // closed and opened again: the help is fetched (in the new locale) when its node changes
+        panel.closePanel();
+        app.canvas.deselectAll?.();
+        await sleep(300);
+        app.canvas.selectItems([node]);
+        await sleep(100);
+        panel.openPanel("info");
+        return { via: "right side panel" };
+      }
+      const sb = pinia._s.get("sidebarTab");
+      const id = sb?.sidebarTabs?.map((t) => t.id).find((t) => /node-library/.test(t));
+      if (!id) return { error: "no node library tab" };
+      if (sb.activeSidebarTabId !== id) sb.toggleSidebarTab(id);
+      for (let i = 0; i < 50 && !pinia._s.get("nodeHelp"); i++) await sleep(100);
+      const help = pinia._s.get("nodeHelp");
+      if (!help) return { error: "no nodeHelp store" };
+      help.closeHelp();
+      await sleep(300);
+      help.openHelp(pinia._s.get("nodeDef").nodeDefsByName.SSDSampler);
+      return { via: "node library" };
+    });
+    const box = ".node-help-content, .comfy-markdown-content"; // the help page's markdown (1.27, 1.58)
+    shown.found = await page.waitForFunction(({ box, want }) => [...document.querySelectorAll(box)]
+      .some((e) => e.innerText.includes(want)), { box, want }, { timeout: 20000 }).then(() => true, () => false);
+    shown.headings = await page.evaluate((box) => [...new Set([...document.querySelectorAll(box)]
+      .flatMap((e) => [...e.querySelectorAll("h1")].map((h) => h.innerText)))], box);
+    result.help[locale] = shown;
+    await page.screenshot({ path: join(OUT, `help_${locale}.png`) });
+  }
+  await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.Locale", "en"));
   result.packLogged.push(...(await packLogged()));
   step("done");
 } catch (e) {
