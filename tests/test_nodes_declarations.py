@@ -190,3 +190,30 @@ def test_the_tooltips_say_what_the_help_says():
         assert phrase in help_text
     dtype = {i.id: i.tooltip for i in nodes.SSDLoadModel.define_schema().inputs}["dtype"]
     assert "float32" in dtype and "differ slightly from plain AR's" in dtype
+
+
+def test_the_registry_icon_is_committed_where_its_url_points():
+    """[tool.comfy] Icon is the raw GitHub URL of docs/icon.png on the repository's main branch: a square PNG."""
+    from PIL import Image
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    repo = data["project"]["urls"]["Repository"].removeprefix("https://github.com/").rstrip("/")
+    icon = data["tool"]["comfy"]["Icon"]
+    prefix = f"https://raw.githubusercontent.com/{repo}/main/"
+    assert icon.startswith(prefix), icon
+    path = ROOT / icon.removeprefix(prefix)
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size[0] == img.size[1] >= 256
+
+
+def test_the_package_leaves_out_what_a_user_does_not_run():
+    """.comfyignore (comfy node pack / publish): no tests, dev scripts, training recipe, tooling; of docs/ only the
+    pictures README shows (README is rewritten from time to time: keep the two in step)."""
+    rules = [ln.strip() for ln in (ROOT / ".comfyignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    for left_out in ("tests/", "ssd_core/dev/", "reference_recipe/", "node_modules/", ".venv*/", "tools/", "docs/*"):
+        assert left_out in rules, left_out
+    shown = set(re.findall(r"\]\((docs/[\w./-]+\.(?:png|jpg|gif|webp))\)", (ROOT / "README.md").read_text()))
+    kept = {r[1:] for r in rules if r.startswith("!docs/")}
+    assert shown <= kept, f"README shows {sorted(shown - kept)}: add !<path> to .comfyignore"
+    assert all((ROOT / k).is_file() for k in kept), kept
