@@ -117,8 +117,10 @@ def test_widget_draws_the_grid_with_both_colours_and_the_legend(browser_run):
     assert ssd["pixels"]["accepted"] > 50, ssd["pixels"]
     assert ssd["pixels"]["corrected"] > 0 or ssd["pixels"]["accepted"] > 0
     assert ar["pixels"]["ar"] > 50 and ar["pixels"]["accepted"] == 0
-    counts, run_line = ssd["legend"]
-    assert "accepted" in counts and "steps" in run_line and "tokens/step" in run_line and run_line.endswith("s")
+    counts, run_line, details = ssd["legend"]  # the colours in plain words, the speed-up and time, the details
+    assert "drafted right" in counts and "fewer steps than one at a time" in run_line and run_line.endswith("s")
+    assert "steps" in details and "tokens/step" in details
+    assert exact["legend"][2].startswith("same image as plain AR") and ar["legend"][1].startswith("ar · one token")
     assert ssd["steps"] < ar["steps"]
     assert (Path(browser_run["_out"]) / "widget.png").stat().st_size > 10_000
 

@@ -13,7 +13,7 @@ export const PALETTE = {
 
 export const BACKGROUND = "#141414";
 export const TEXT = "#dddddd";
-export const LEGEND_HEIGHT = 58;
+export const LEGEND_HEIGHT = 76;
 export const PAD = 6;
 
 // Status name or code ("2", 2) -> colour.
@@ -110,32 +110,47 @@ function fmtSeconds(s) {
   return s >= 10 ? `${s.toFixed(1)} s` : `${s.toFixed(2)} s`;
 }
 
-// The two legend lines: counts per status, then steps / ratio / time.
+// What each cell status means, in the words of the node help (web/docs) and the stats output.
+export const STATUS_WORDS = {
+  accepted: "drafted right",
+  corrected: "fixed by the model",
+  ar: "one at a time",
+  forced: "forced",
+  pending: "pending",
+};
+const LEGEND_ORDER = ["accepted", "corrected", "ar", "forced"];
+const EXACT_DECODERS = ["ssd-exact"]; // the same rule as plain AR: the same picture in float32
+
+// The legend's text lines: how each cell was made (with counts), then the headline (the speed-up against one token
+// at a time, the time), then the details (steps, tokens per step; for exact decoders: the same image as plain AR).
 export function legendLines(trace) {
-  if (!trace) return ["SSD: queue the prompt to see the token grid", ""];
+  if (!trace) return ["SSD: queue the prompt to see the token grid", "", ""];
   const counts = countStatuses(trace.status);
   const cells = trace.grid[0] * trace.grid[1];
-  const shown = STATUS_NAMES.filter((n) => n !== "pending" && counts[n] > 0);
-  let first = shown.map((n) => `${n} ${counts[n]}`).join("  ");
+  const shown = LEGEND_ORDER.filter((n) => counts[n] > 0);
+  let first = shown.map((n) => `${STATUS_WORDS[n]} ${counts[n]}`).join("  ");
   if (counts.pending > 0) first += `${first ? "  " : ""}pending ${counts.pending}`;
   const steps = trace.steps || 0;
-  const parts = [`${trace.decoder || "?"}${trace.done ? "" : " (running)"}`, `${steps} steps`];
-  if (steps > 0) {
-    const done = cells - counts.pending;
-    const ratio = done / steps;
-    parts.push(`${done}/${steps} = ${ratio.toFixed(2)} tokens/step`);
-  }
-  parts.push(fmtSeconds(Number(trace.wall_s || 0)));
-  return [first, parts.join(" · ")];
+  const decoder = `${trace.decoder || "?"}${trace.done ? "" : " (running)"}`;
+  const sampled = cells - counts.pending - counts.forced; // plain AR's steps for the tokens made so far
+  const time = fmtSeconds(Number(trace.wall_s || 0));
+  let head;
+  if (trace.decoder === "ar") head = [decoder, "one token at a time", time];
+  else if (steps > 0) head = [decoder, `${(sampled / steps).toFixed(1)}x fewer steps than one at a time`, time];
+  else head = [decoder, time];
+  const details = [`${steps} steps`];
+  if (steps > 0) details.push(`${((cells - counts.pending) / steps).toFixed(2)} tokens/step`);
+  if (EXACT_DECODERS.includes(trace.decoder)) details.unshift("same image as plain AR (fp32)");
+  return [first, head.join(" · "), details.join(" · ")];
 }
 
-// The swatches drawn in the legend (every status that occurs, pending last).
+// The swatches drawn in the legend (every status that occurs, pending last), labelled in plain words.
 export function legendSwatches(trace) {
   if (!trace) return [];
   const counts = countStatuses(trace.status);
-  return STATUS_NAMES.filter((n) => n !== "pending" && counts[n] > 0)
+  return LEGEND_ORDER.filter((n) => counts[n] > 0)
     .concat(counts.pending > 0 ? ["pending"] : [])
-    .map((n) => ({ name: n, color: PALETTE[n], count: counts[n] }));
+    .map((n) => ({ name: n, label: `${STATUS_WORDS[n]} ${counts[n]}`, color: PALETTE[n], count: counts[n] }));
 }
 
 // Merge a live event into the state the widget holds: a finished trace is never replaced by a
@@ -199,17 +214,20 @@ export function draw(ctx, trace, width, height, hover = null) {
     ctx.fillStyle = sw.color;
     ctx.fillRect(x, ly + 6, 12, 12);
     ctx.fillStyle = TEXT;
-    const label = `${sw.name} ${sw.count}`;
+    const label = sw.label;
     ctx.fillText(label, x + 16, ly + 12);
     x += 16 + (ctx.measureText ? ctx.measureText(label).width : label.length * 7) + 12;
   }
-  const [first, second] = legendLines(trace);
+  const [first, headline, details] = legendLines(trace);
   ctx.fillStyle = TEXT;
   if (!trace) ctx.fillText(first, PAD, ly + 12);
-  ctx.fillText(second, PAD, ly + 30);
+  ctx.fillText(headline, PAD, ly + 30);
   const hoverLine = hover ? hoverText(trace, hover) : "hover a cell for its step and round";
   ctx.fillStyle = "#aaaaaa";
-  if (trace) ctx.fillText(hoverLine, PAD, ly + 48);
+  if (trace) {
+    ctx.fillText(details, PAD, ly + 48);
+    ctx.fillText(hoverLine, PAD, ly + 66);
+  }
   return lay;
 }
 

@@ -79,17 +79,24 @@ test("hoverText names status, step and round", () => {
   assert.equal(hoverText(null, null), "");
 });
 
-test("legend: counts, steps, step ratio and time", () => {
-  const [counts, run] = legendLines(normalizeTrace(compact));
-  assert.equal(counts, "ar 1  accepted 2  corrected 1  forced 1  pending 1");
-  assert.equal(run, "ssd · 2 steps · 5/2 = 2.50 tokens/step · 1.23 s");
+test("legend: plain words per colour, the speed-up and time, then the details", () => {
+  const [counts, run, details] = legendLines(normalizeTrace(compact));
+  assert.equal(counts, "drafted right 2  fixed by the model 1  one at a time 1  forced 1  pending 1");
+  // 4 tokens made (forced and pending cells are not plain AR's steps) in 2 steps
+  assert.equal(run, "ssd · 2.0x fewer steps than one at a time · 1.23 s");
+  assert.equal(details, "2 steps · 2.50 tokens/step");
   const [, liveRun] = legendLines(normalizeTrace({ ...compact, done: false, wall_s: 12.5 }));
-  assert.match(liveRun, /^ssd \(running\) · 2 steps/);
+  assert.match(liveRun, /^ssd \(running\) · 2\.0x fewer steps/);
   assert.match(liveRun, /12\.5 s$/);
+  const exact = legendLines(normalizeTrace({ ...compact, decoder: "ssd-exact" }));
+  assert.match(exact[2], /^same image as plain AR \(fp32\) · 2 steps/);
+  const ar = legendLines(normalizeTrace({ ...compact, decoder: "ar", status: "111111", steps: 6 }));
+  assert.equal(ar[1], "ar · one token at a time · 1.23 s");
   assert.match(legendLines(null)[0], /queue/);
   const sw = legendSwatches(normalizeTrace(compact));
-  assert.deepEqual(sw.map((s) => s.name), ["ar", "accepted", "corrected", "forced", "pending"]);
-  assert.equal(sw[1].count, 2);
+  assert.deepEqual(sw.map((s) => s.name), ["accepted", "corrected", "ar", "forced", "pending"]);
+  assert.equal(sw[0].count, 2);
+  assert.equal(sw[1].label, "fixed by the model 1");
 });
 
 test("mergeTrace: live replaces live, a late live event never hides the final trace, a new run does", () => {
@@ -130,8 +137,9 @@ test("draw paints every status with its colour, merges runs, writes the legend",
   assert.equal(gridRects[0][4], 3 * lay.cell);
   assert.ok(gridRects.some((c) => c[1] === PALETTE.corrected));
   const texts = ctx.calls.filter((c) => c[0] === "fillText").map((c) => c[1]);
-  assert.ok(texts.includes("accepted 4"));
-  assert.ok(texts.includes("corrected 1"));
+  assert.ok(texts.includes("drafted right 4"));
+  assert.ok(texts.includes("fixed by the model 1"));
+  assert.ok(texts.some((s) => s.includes("fewer steps than one at a time")));
   assert.ok(texts.some((s) => s.includes("tokens/step")));
 });
 
