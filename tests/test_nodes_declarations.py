@@ -215,5 +215,5 @@ def test_the_package_leaves_out_what_a_user_does_not_run():
         assert left_out in rules, left_out
     shown = set(re.findall(r"\]\((docs/[\w./-]+\.(?:png|jpg|gif|webp))\)", (ROOT / "README.md").read_text()))
     kept = {r[1:] for r in rules if r.startswith("!docs/")}
-    assert shown <= kept, f"README shows {sorted(shown - kept)}: add !<path> to .comfyignore"
+    assert shown == kept, f"README shows {sorted(shown)}, .comfyignore keeps {sorted(kept)}: keep them in step"
     assert all((ROOT / k).is_file() for k in kept), kept
