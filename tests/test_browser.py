@@ -233,3 +233,19 @@ def test_the_node_help_shows_in_the_frontend(browser_run):
     assert help["en"]["headings"] == ["SSD Sampler"] and help["zh"]["headings"] == ["SSD Sampler（SSD 采样器）"], help
     base = f"/extensions/{harness.PACK_NAME}/docs/SSDSampler"
     assert f"200 {base}.md" in help["requests"] and f"200 {base}/zh.md" in help["requests"], help["requests"]
+
+
+def _overlaps(nodes):
+    return [(a["id"], a["type"], b["id"], b["type"]) for i, a in enumerate(nodes) for b in nodes[i + 1:]
+            if a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]]
+
+
+def test_the_template_lays_out_cleanly_after_a_run(browser_run):
+    """No node covers another once the samplers have grown to show their grids and images, and the view the
+    template opens with starts every node inside the canvas (none past the left or top edge)."""
+    layout = browser_run["layout"]
+    assert len(layout["nodes"]) >= 10
+    assert not _overlaps(layout["nodes"]), _overlaps(layout["nodes"])
+    scale, (ox, oy) = layout["scale"], layout["offset"]
+    outside = [(n["id"], n["type"]) for n in layout["nodes"] if (n["x"] + ox) * scale < 0 or (n["y"] + oy) * scale < 0]
+    assert not outside, outside

@@ -134,3 +134,14 @@ def test_reference_workflow_runs_on_install():
             assert n["inputs"]["model"] == "reference"
         if n["class_type"] == "SSDLoadHeads":
             assert n["inputs"]["heads"] == "reference"
+
+
+@pytest.mark.parametrize("path", sorted(UI_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_template_nodes_do_not_overlap(path):
+    """Every template's nodes, at their saved positions and sizes (title bar included), cover no other node
+    (the real frontends' after-run sizes: tests/test_browser.py's layout test)."""
+    nodes = json.loads(path.read_text())["nodes"]
+    boxes = [(n["id"], n["pos"][0], n["pos"][1] - 30, n["size"][0], n["size"][1] + 30) for n in nodes]
+    hits = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if a[1] < b[1] + b[3] and b[1] < a[1] + a[3] and a[2] < b[2] + b[4] and b[2] < a[2] + a[4]]
+    assert not hits, hits

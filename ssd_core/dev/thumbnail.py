@@ -46,7 +46,7 @@ def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size
         im.paste(_pixels(status_image(runs[d].trace.to_dict()), side), (x, 258))
     same = "the very image of ar" if bool((runs["ssd-exact"].tokens == runs["ar"].tokens).all()) else "ar's image"
     for j, line in enumerate([f"ssd-exact: {same} in fewer steps.", "ssd: the paper's lossy mode, fewest steps.",
-                              "grid: green = draft accepted, orange = corrected, grey = ar."]):
+                              "grid: green = drafted right, orange = fixed by the model, grey = one at a time."]):
         draw.text((left, 428 + 20 * j), line, fill=(200, 200, 200), font=_font(13))
     return im
 

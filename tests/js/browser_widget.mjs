@@ -195,6 +195,17 @@ try {
   await page.waitForTimeout(600); // let requestAnimationFrame draw
   result.live = await page.evaluate(() => window.__ssdLive);
   result.after = await widgetStates();
+  // every node's box after the run (title bar included), in graph units, and where the view puts it on screen
+  result.layout = await page.evaluate(() => {
+    const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+    const ds = window.app.canvas.ds;
+    return {
+      scale: ds.scale, offset: [ds.offset[0], ds.offset[1]],
+      nodes: window.app.graph._nodes.map((n) => ({
+        id: n.id, type: n.type, x: n.pos[0], y: n.pos[1] - title, w: n.size[0], h: n.size[1] + title,
+      })),
+    };
+  });
 
   step("hover");
   const ssd = result.after["4"];
