@@ -196,7 +196,7 @@ class ComfyServer:
         raise AssertionError(f"/history has no entry for {pid}")
 
 
-def api_workflow(name="ssd_reference_ar_vs_ssd"):
+def api_workflow(name="SSD bundled model - ar vs ssd-exact vs ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
@@ -294,10 +294,10 @@ def test_widget_and_templates_are_served(server):
     assert f"/extensions/{PACK_NAME}/ssd_grid_core.js" in exts
     assert "registerExtension" in server.get(f"/extensions/{PACK_NAME}/ssd_grid.js").text
     templates = server.get("/workflow_templates").json()
-    assert "ssd_reference_ar_vs_ssd" in templates[PACK_NAME]
-    wf = server.get(f"/api/workflow_templates/{PACK_NAME}/ssd_reference_ar_vs_ssd.json").json()
+    assert "SSD bundled model - ar vs ssd-exact vs ssd" in templates[PACK_NAME]
+    wf = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD bundled model - ar vs ssd-exact vs ssd.json").json()
     assert {n["type"] for n in wf["nodes"]} >= {"SSDLoadModel", "SSDSampler"}
-    thumb = server.get(f"/api/workflow_templates/{PACK_NAME}/ssd_reference_ar_vs_ssd.jpg").content
+    thumb = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD bundled model - ar vs ssd-exact vs ssd.jpg").content
     assert thumb[:3] == b"\xff\xd8\xff"
 
 
@@ -401,7 +401,7 @@ def test_family_workflows_only_miss_their_downloads(server):
     """Saved before the V3 nodes, the family workflows still validate in every input but the downloads."""
     checked = 0
     for path in sorted(API_DIR.glob("*.json")):
-        if path.stem == "ssd_reference_ar_vs_ssd":
+        if path.stem == "SSD bundled model - ar vs ssd-exact vs ssd":
             continue
         r = server.post("/prompt", {"prompt": json.loads(path.read_text()), "client_id": server.client_id})
         assert r.status_code == 400, path.name
@@ -413,7 +413,7 @@ def test_family_workflows_only_miss_their_downloads(server):
 
 
 def test_missing_model_folder_is_refused_before_running(server):
-    wf = api_workflow("ssd_janus_pro_ar_vs_ssd")
+    wf = api_workflow("SSD Janus-Pro 7B - ar vs ssd-exact")
     r = server.post("/prompt", {"prompt": wf, "client_id": server.client_id})
     assert r.status_code == 400
     body = r.json()

@@ -52,8 +52,8 @@ def ui_widget_inputs(node):
 
 def test_every_workflow_has_an_api_copy_and_a_thumbnail():
     names = [p.stem for p in ui_files()]
-    assert "ssd_reference_ar_vs_ssd" in names
-    assert {"ssd_janus_pro_ar_vs_ssd", "ssd_emu3_ar_vs_ssd", "ssd_lumina_mgpt_ar_vs_ssd"} <= set(names)
+    assert "SSD bundled model - ar vs ssd-exact vs ssd" in names
+    assert {"SSD Janus-Pro 7B - ar vs ssd-exact", "SSD Emu3 - ar vs ssd-exact", "SSD Lumina-mGPT 7B - ar vs ssd-exact"} <= set(names)
     for name in names:
         assert (API_DIR / f"{name}.json").is_file(), f"tests/workflows_api/{name}.json is missing"
         jpg = UI_DIR / f"{name}.jpg"
@@ -124,7 +124,7 @@ def test_api_workflow_fits_the_node_inputs(path):
 
 def test_reference_workflow_runs_on_install():
     """Only the bundled model and heads, and only core nodes every ComfyUI has."""
-    api = json.loads((API_DIR / "ssd_reference_ar_vs_ssd.json").read_text())
+    api = json.loads((API_DIR / "SSD bundled model - ar vs ssd-exact vs ssd.json").read_text())
     types = {n["class_type"] for n in api.values()}
     assert types <= {"SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"} | set(CORE_WIDGETS)
     decoders = sorted(n["inputs"]["decoder"] for n in api.values() if n["class_type"] == "SSDSampler")

@@ -1,7 +1,7 @@
 """The reference example workflow's thumbnail: what its three samplers make (ar | ssd-exact | ssd, the same
 prompt and seed, the model's defaults), each image above its status grid.
 
-  python -m ssd_core.dev.thumbnail [--prompt face] [--seed 42] [--out example_workflows/ssd_reference_ar_vs_ssd.jpg]
+  python -m ssd_core.dev.thumbnail [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size
         im.paste(_pixels(status_image(runs[d].trace.to_dict()), side), (x, 258))
     same = "the very image of ar" if bool((runs["ssd-exact"].tokens == runs["ar"].tokens).all()) else "ar's image"
     for j, line in enumerate([f"ssd-exact: {same} in fewer steps.", "ssd: the paper's lossy mode, fewest steps.",
-                              "grid: green = drafted right, orange = fixed by the model, grey = one at a time."]):
+                              "grid: green drafted right, orange fixed by the model, grey one at a time."]):
         draw.text((left, 428 + 20 * j), line, fill=(200, 200, 200), font=_font(13))
     return im
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", default="face")
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--out", default="example_workflows/ssd_reference_ar_vs_ssd.jpg")
+    ap.add_argument("--out", default="example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg")
     a = ap.parse_args(argv)
     thumbnail(a.prompt, a.seed).save(a.out, quality=90)
     print(f"wrote {a.out}")
