@@ -323,7 +323,8 @@ def test_no_host_sync_inside_the_forward_of_any_family(family_folder, compile):
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, None, prompt="a red cat", decoder="ssd-exact", seed=1, grid=grid,
                                    decode_pixels=False, score=False)
-    assert len(per_step) >= single.trace.steps - 2 >= 1 and max(per_step) == 1, per_step
+    # at least one step counted (a tiny random model may finish its grid in 2 steps: transformers 4.57's init)
+    assert single.trace.steps >= 2 and len(per_step) >= max(single.trace.steps - 2, 1) and max(per_step) == 1, per_step
     assert per_step.forward_syncs() == []
     with count_syncs(model) as per_step:
         batch = ssd_core.generate_batch(model, None, prompts=["a red cat", "a dog"], seeds=[1, 2], decoder="ar",
