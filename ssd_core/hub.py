@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SSDError, printable, shown
+from .errors import SSDError, shown
 
 # prompts the head trainer samples when it is given none (self-distillation wants thousands: pass a prompt file)
 TRAINING_PROMPTS = (
