@@ -87,27 +87,14 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     chain (_chain with _left_steps) is the fixed point this iteration reaches after at most hi - lo sweeps; a
     few sweeps give nearly its drafts for `sweeps` + 1 head calls instead of hi - lo (the rest of the
     per-cell ops alike). -> codes [hi - lo]; the features are written."""
-    heads, stride, W = run.heads, run.layout.row_stride, run.layout.grid[1]
     slots = run.slots(lo, hi)  # [n]
-    first = (lo // stride) * stride - stride  # the row above's first slot
-    up = (slots - stride + heads.vertical_shift).clamp(first, first + W - 1)  # [n] the slots Hv reads above
-    right = (up + 1).clamp(max=first + W - 1)
-    upleft = (up - 1).clamp(min=first)
-    ids = run.ids
-    codes = run.codes[slots - stride]  # [n] first guess: the row above's tokens
-    above = [run.features[:, up], _embed(run, ids[up]), run.features[:, right], _embed(run, ids[right])]
-    two = heads.vertical_left >= 2
-    if two:
-        upper_left = [run.features[:, upleft], _embed(run, ids[upleft])]
+    above, before_lo = _row_above(run, lo, hi)
+    codes = run.codes[slots - run.layout.row_stride]  # [n] first guess: the row above's tokens
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     for sweep in range(sweeps + 1):
-        tokens = run.id_of_code[codes]  # [n] ids of the current tokens
-        e = _embed(run, torch.cat([ids[lo - 1:lo], tokens]))  # [n + 1, d]: the token before lo, then the row's
-        inputs = [above[0], above[1], e[1:], above[2], above[3]]
-        if two:
-            inputs += [e[:-1], *upper_left]
-        with torch.no_grad():
-            feats = heads.vertical(*inputs)  # [B, n, d] each cell's feature (it drafts the cell after it)
+        tokens = _embed(run, run.id_of_code[codes])  # [n, d] the current tokens
+        with torch.no_grad():  # [B, n, d] each cell's feature (it drafts the cell after it)
+            feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         run.head_calls += 1
         if sweep == sweeps:
             break
@@ -126,26 +113,36 @@ def _above(run: Run, t: int, right: int = 0) -> int:
     return max(first, min(t - stride + run.heads.vertical_shift + right, first + run.layout.grid[1] - 1))
 
 
+def _row_above(run: Run, lo: int, hi: int) -> tuple[list, torch.Tensor]:
+    """What a vertical_left Hv reads from the row above for the cells [lo, hi) of a row below the first, looked up
+    once: -> ([(features [B, n, d], token embeddings [n, d])] of the cell above and above-right, and at level 2
+    above-left, in Hv's order; [1, d] the embedding of the token before lo)."""
+    columns = (0, 1, -1) if run.heads.vertical_left >= 2 else (0, 1)
+    slots = [[_above(run, t, k) for t in range(lo, hi)] for k in columns]
+    e = _embed(run, run.ids[[t for c in slots for t in c] + [lo - 1]])  # one lookup for the whole stretch
+    n = hi - lo
+    return [(run.features[:, c], e[i * n:(i + 1) * n]) for i, c in enumerate(slots)], e[-1:]
+
+
+def _vertical(run: Run, above: list, token: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """A vertical_left Hv's features from the row above's parts (_row_above, or one cell of them), the drafted
+    cells' token embeddings and (level 2) the embeddings of the tokens just before them."""
+    (f_up, e_up), (f_right, e_right), *upleft = above
+    more = [before, *upleft[0]] if upleft else []
+    return run.heads.vertical(f_up, e_up, token, f_right, e_right, *more)
+
+
 def _left_steps(run: Run, lo: int, hi: int):
     """The step of a vertical_left Hv chain over slots [lo, hi) of a row below the first: step(run, t, prev, token,
     before) -> [B, d] the feature at slot t (which drafts slot t + 1), from the row above and t's token embedding
     [d] (not from prev, the feature on the left); vertical_left 2 also reads the token of slot t - 1 (`before`,
-    drafted just before in this chain; None at lo: the slot's id) and the cell above-left. The embeddings of the
-    row above's tokens (and of the token before lo) are looked up once for the whole chain."""
-    n, two = hi - lo, run.heads.vertical_left >= 2
-    ups = [_above(run, t) for t in range(lo, hi)]
-    rights = [_above(run, t, 1) for t in range(lo, hi)]
-    lefts = [_above(run, t, -1) for t in range(lo, hi)] if two else []
-    e = _embed(run, run.ids[ups + rights + lefts + ([lo - 1] if two else [])])  # [2n or 3n + 1, d]
+    drafted just before in this chain; None at lo: the slot's id) and the cell above-left. The row above's parts
+    are looked up once for the whole chain (_row_above)."""
+    above, before_lo = _row_above(run, lo, hi)
 
     def step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
         i = t - lo
-        up, right = ups[i], rights[i]
-        if not two:
-            return run.heads.vertical(run.features[:, up], e[i], token, run.features[:, right], e[n + i])
-        before = e[3 * n] if before is None else before
-        return run.heads.vertical(run.features[:, up], e[i], token, run.features[:, right], e[n + i], before,
-                                  run.features[:, lefts[i]], e[2 * n + i])
+        return _vertical(run, [(f[:, i], e[i]) for f, e in above], token, before_lo[0] if before is None else before)
 
     return step
 
