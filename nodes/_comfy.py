@@ -330,7 +330,7 @@ def manage(model, device):
 
     holder = _holder_class()(model.model, device, model)
     # a static cache lives beside the weights for as long as the model: ComfyUI counts both
-    cache = static_cache.cache_bytes(model) if static_cache.mode_of(model) != "off" else 0
+    cache = static_cache.cache_bytes(model)
     patcher = mp.ModelPatcher(holder, load_device=device, offload_device=mm.unet_offload_device(),
                               size=mm.module_size(model.model) + cache)
     load_to_device(patcher)

@@ -106,7 +106,7 @@ class Session:
         """Float additive mask [B, 1, n, keys]: prompt padding, each row's held slots, causal (and visible) window.
 
         visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself);
-        held: [B] on the device, each row's held slots (held_on_device), for a feed after the prompt."""
+        held: [B] on the device, each row's held slots (held_on_device): given for every feed after the prompt."""
         dev, dtype = self.m.device, self.m.dtype
         P, past = self.prompt_len, self.cached
         win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None]  # [1 or B, n, n]
@@ -117,7 +117,6 @@ class Session:
         else:
             allowed = torch.ones(self.batch, n, P + past + n, dtype=torch.bool, device=dev)
             allowed[:, :, :P] &= self.prompt_mask[:, None, :]
-            held = held_on_device(self.held_host, dev) if held is None else held
             allowed[:, :, P:P + past] = held_columns(held, past)[:, None, :]
             allowed[:, :, P + past:] = win
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)

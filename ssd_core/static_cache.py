@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import threading
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +34,8 @@ def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:
     quantum = -(-max(row_stride, 1) // 16) * 8  # half a row, rounded up to 8
     largest = rows * row_stride + 8
     return (1, 8) + tuple(range(quantum if quantum > 8 else 16, largest + quantum, quantum))
+
+
 POOL_ENTRIES = 2  # static caches a model keeps (one per streams x capacity); the least recently used is freed
 MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
 
@@ -101,19 +103,27 @@ def unsupported_compile(module: torch.nn.Module) -> str | None:
     return None
 
 
+def capacity(opts: StaticOptions, prompt_len: int, images: int = 1) -> int:
+    """Positions of the static cache a prompt of prompt_len tokens gets: the prompt, the model's most slots (twice
+    for a batch of images: a feed is written after the most any row holds, then moved into place) and the widest
+    bucket, rounded up to 64 so that prompts of nearby lengths share a cache."""
+    need = prompt_len + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
+    return -(-need // 64) * 64
+
+
 def cache_bytes(model, streams: int = 2, prompt_len: int = 256) -> int:
-    """Bytes of one static cache for the model's largest layout: keys and values of every layer for `streams`
-    rows (2: a guided image) of the capacity StaticSession allocates (Emu3 at 90x90 in bf16: about 2.3 GB)."""
+    """Bytes of one static cache of the model (0 with the static cache off): keys and values of every layer for
+    `streams` rows (2: a guided image) of its capacity (Emu3 at 90x90 in bf16: about 2.3 GB)."""
+    opts = getattr(model, "static", None)
+    if opts is None:
+        return 0
     cfg = model.backbone().config
     cfg = getattr(cfg, "text_config", None) or cfg
     heads = getattr(cfg, "num_attention_heads", 1)
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    opts = getattr(model, "static", None)
-    slots = opts.slots if opts is not None else max(model.layout(g).num_slots for g in model.grid_options())
-    widest = max(opts.buckets) if opts is not None else 0
-    capacity = -(-(prompt_len + slots + widest) // 64) * 64
-    return cfg.num_hidden_layers * 2 * streams * kv_heads * capacity * head_dim * model.dtype.itemsize
+    positions = capacity(opts, prompt_len)
+    return cfg.num_hidden_layers * 2 * streams * kv_heads * positions * head_dim * model.dtype.itemsize
 
 
 def pool_bytes(model) -> int:
@@ -207,8 +217,7 @@ class StaticSession:
         self.prompt_mask = prompt.mask.to(dev)
         self.batch, self.prompt_len = prompt.ids.shape
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
-        need = self.prompt_len + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
-        self.capacity = -(-need // 64) * 64  # rounded, so that prompts of nearby lengths share a cache
+        self.capacity = capacity(opts, self.prompt_len, images)
         key = (self.batch, self.capacity)
         if key in opts.pool:
             opts.pool[key] = opts.pool.pop(key)  # the most recently used last
