@@ -57,30 +57,35 @@ class ImageRowsHead:
                 return weight[self.rows], None if bias is None else bias[self.rows]
             key = (weight.data_ptr(), weight.device, weight.dtype, weight._version,
                    None if bias is None else (bias.data_ptr(), bias._version))
-            with self._lock:
-                if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
-                    self._kept = None  # the old copy goes before the new one is made
-                    rows = self.rows.to(weight.device)
-                    self._kept = (head, key, weight.index_select(0, rows),
-                                  None if bias is None else bias.index_select(0, rows))
-                return self._kept[2], self._kept[3]
-        hook = getattr(head, "_hf_hook", None)
-        if hook is None:
-            raise SSDError("the image head's weights are on the meta device and no accelerate hook loads them: "
-                           "load the model with its weights (not on the meta device), or with a device_map")
-        key = ("offloaded", id(hook))
+            build = lambda: (self._pick(weight), None if bias is None else self._pick(bias))  # noqa: E731
+        else:
+            hook = getattr(head, "_hf_hook", None)
+            if hook is None:
+                raise SSDError("the image head's weights are on the meta device and no accelerate hook loads them: "
+                               "load the model with its weights (not on the meta device), or with a device_map")
+            key = ("offloaded", id(hook))
+            build = lambda: self._load_offloaded(head, hook)  # noqa: E731
         with self._lock:
             if self._kept is None or self._kept[0] is not head or self._kept[1] != key:
-                self._kept = None
-                hook.pre_forward(head)  # accelerate loads the offloaded weights onto the execution device
-                try:
-                    weight, bias = head.weight, getattr(head, "bias", None)
-                    pick = (lambda t: t[self.rows].clone()) if isinstance(self.rows, slice) else \
-                        (lambda t: t.index_select(0, self.rows.to(t.device)))
-                    self._kept = (head, key, pick(weight), None if bias is None else pick(bias))
-                finally:
-                    hook.post_forward(head, None)  # and puts them back on the meta device
+                self._kept = None  # the old copy goes before the new one is made
+                self._kept = (head, key, *build())
             return self._kept[2], self._kept[3]
+
+    def _pick(self, t: torch.Tensor) -> torch.Tensor:
+        """The image rows of a head tensor, as a tensor of their own."""
+        if isinstance(self.rows, slice):
+            return t[self.rows].clone()
+        return t.index_select(0, self.rows.to(t.device))
+
+    def _load_offloaded(self, head: torch.nn.Module, hook) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An offloaded head's image rows: accelerate's hook loads the weights onto the execution device, the rows
+        are copied out, and the hook puts the weights back on the meta device."""
+        hook.pre_forward(head)
+        try:
+            weight, bias = head.weight, getattr(head, "bias", None)
+            return self._pick(weight), None if bias is None else self._pick(bias)
+        finally:
+            hook.post_forward(head, None)
 
     def __call__(self, normed: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
         weight, bias = self.weights(head)
