@@ -20,6 +20,18 @@ mkdirSync(OUT, { recursive: true });
 const result = { consoleErrors: [], consoleWarnings: [], pageErrors: [], failedRequests: [], steps: [] };
 const step = (s) => { result.steps.push(s); console.log("step:", s); };
 
+// window.__ssdLive counts the pack's live "ssd.grid" events: how many, how many while running, from which nodes
+const countLiveEvents = () => page.evaluate(async () => {
+  const { api } = await import("/scripts/api.js");
+  window.__ssdLive = { events: 0, running: 0, nodes: [] };
+  api.addEventListener("ssd.grid", (e) => {
+    window.__ssdLive.events++;
+    const id = String(e.detail?.node);
+    if (!window.__ssdLive.nodes.includes(id)) window.__ssdLive.nodes.push(id);
+    if (e.detail?.done === false) window.__ssdLive.running++;
+  });
+});
+
 const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "ssd-chromium-")), {
   executablePath: CHROMIUM,
   headless: true,
@@ -164,17 +176,7 @@ try {
   await page.waitForTimeout(500);
   result.nodesLoaded = await page.evaluate(() => window.app.graph._nodes.length);
 
-  // count live events as the page sees them
-  await page.evaluate(async () => {
-    const { api } = await import("/scripts/api.js");
-    window.__ssdLive = { events: 0, running: 0, nodes: [] };
-    api.addEventListener("ssd.grid", (e) => {
-      window.__ssdLive.events++;
-      const id = String(e.detail?.node);
-      if (!window.__ssdLive.nodes.includes(id)) window.__ssdLive.nodes.push(id);
-      if (e.detail?.done === false) window.__ssdLive.running++;
-    });
-  });
+  await countLiveEvents(); // as the page sees them
   result.before = await widgetStates();
 
   step("queue");
@@ -317,16 +319,7 @@ try {
   await page.waitForTimeout(500);
   if (result.subgraph.outer !== null && result.subgraph.inner !== null) {
     const path = [result.subgraph.outer, result.subgraph.inner];
-    await page.evaluate(async () => { // the page was reloaded since: listen again
-      const { api } = await import("/scripts/api.js");
-      window.__ssdLive = { events: 0, running: 0, nodes: [] };
-      api.addEventListener("ssd.grid", (e) => {
-        window.__ssdLive.events++;
-        const id = String(e.detail?.node);
-        if (!window.__ssdLive.nodes.includes(id)) window.__ssdLive.nodes.push(id);
-        if (e.detail?.done === false) window.__ssdLive.running++;
-      });
-    });
+    await countLiveEvents(); // the page was reloaded since: listen again
     await page.evaluate(() => window.app.queuePrompt(0, 1));
     await page.waitForFunction((path) => {
       let graph = window.app.graph;
