@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub, memory, static_cache, threads
+from . import memory, model_files, static_cache, threads
 from .decoders import make_policy
 from .engine import decode_batch
 from .errors import SSDError, mps_op_errors
@@ -51,7 +51,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
                 return torch.bfloat16
             return torch.float16 if torch.cuda.get_device_capability(device)[0] >= 7 else torch.float32
         return torch.float16 if kind == "mps" else torch.float32
-    return hub.parse_dtype(dtype)
+    return model_files.parse_dtype(dtype)
 
 
 def check_device(device) -> torch.device | None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core import families, hub
+from ssd_core import families, model_files
 from ssd_core.families.emu3 import Emu3Model
 from ssd_core.families.janus import JanusModel
 from ssd_core.families.lumina import LuminaModel
@@ -151,7 +151,7 @@ def test_download_into_folder(tmp_path, folders, monkeypatch):
 
 def test_bad_dtype():
     with pytest.raises(ssd_core.SSDError, match="bf16"):
-        hub.parse_dtype("int8")
+        model_files.parse_dtype("int8")
 
 
 @pytest.mark.parametrize("family", ["janus", "emu3"])

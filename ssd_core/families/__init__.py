@@ -38,7 +38,7 @@ def family_of_model_type(model_type) -> str | None:
 
 def family_of_folder(folder) -> str | None:
     """The family whose transformers class a folder's config.json names (None: not one of ours)."""
-    from ..hub import read_config
+    from ..model_files import read_config
 
     return family_of_model_type(read_config(folder).get("model_type"))
 
@@ -49,7 +49,7 @@ def detect_family(folder: Path) -> str:
     if not folder.is_dir():
         raise SSDError(f"model folder {folder} does not exist; put the model's files (config.json, "
                        "*.safetensors) in a folder under ComfyUI/models/ssd_models or pass its path")
-    from ..hub import read_config, read_json_object
+    from ..model_files import read_config, read_json_object
 
     if os.path.lexists(folder / "ssd_model.json"):  # an SSDError when it is not a JSON object or its family not a name
         return read_json_object(folder, "ssd_model.json", "see docs/models-and-memory.md, section 'ssd_model.json'").get(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
+from .. import hub, model_files
 from ..errors import SSDError
 from ..session import Layout, Prompt, Session
 
@@ -141,7 +141,7 @@ class GridModel:
         if not folder.is_dir():
             raise SSDError(f"{cls.family} model folder {folder} does not exist: {cls.where_to_get(folder)} "
                            "(or load with download=True to fetch it there)")
-        cfg = hub.read_config(folder)
+        cfg = model_files.read_config(folder)
         model_type = cfg.get("model_type")
         if cls.model_types and model_type not in cls.model_types:
             other = family_of_model_type(model_type)

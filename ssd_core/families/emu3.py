@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt
+from . import common
 from .text import PROMPT_ALLOWANCE, TextGridModel
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
@@ -66,21 +66,21 @@ class Emu3Model(TextGridModel):
         self.image_vocab_size = n
         self.image_ids = torch.tensor([img2bpe[c] for c in range(n)], dtype=torch.long)
         vocab = cfg.vocabulary_map
-        self.eol_id = hub.token_id(vocab, tokenizer, EOL)
-        self.eof_id = hub.token_id(vocab, tokenizer, EOF)
-        self.eoi_id = hub.token_id(vocab, tokenizer, IMAGE_END)
+        self.eol_id = common.token_id(vocab, tokenizer, EOL)
+        self.eof_id = common.token_id(vocab, tokenizer, EOF)
+        self.eoi_id = common.token_id(vocab, tokenizer, IMAGE_END)
         tc = cfg.text_config
         gen = getattr(model, "generation_config", None)
-        self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
+        self.bos_id = common.first_id(getattr(tokenizer, "bos_token_id", None), tc.bos_token_id,
                                    getattr(gen, "bos_token_id", None))
-        self.eos_id = hub.first_id(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
+        self.eos_id = common.first_id(getattr(tokenizer, "eos_token_id", None), tc.eos_token_id,
                                    getattr(gen, "eos_token_id", None))
-        self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
+        self.pad_id = common.first_id(getattr(tokenizer, "pad_token_id", None), tc.pad_token_id, self.eos_id)
         if self.bos_id is None or self.eos_id is None:
             raise SSDError(f"Emu3 model {folder or ''} lacks BOS / EOS token ids in its config")
         self.max_positions = int(getattr(tc, "max_position_embeddings", 9216))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else self.largest_square(UPSTREAM_SIDE)
-        self.pixel_norm = hub.pixel_normalization(folder)
+        self.pixel_norm = common.pixel_normalization(folder)
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ class Emu3Model(TextGridModel):
             raise SSDError(f"the Emu3 model has no tokenizer and its vocabulary map lacks {err}") from None
 
     def text_ids(self, text, grid) -> list[int]:
-        given = [] if text == "" and self.tokenizer is None else hub.token_id_list(text)
+        given = [] if text == "" and self.tokenizer is None else common.token_id_list(text)
         if given is not None:
             return [self.bos_id] + given + self.prefix_ids(grid)
         return [self.bos_id] + self.token_ids(self.check_text(text) + self.image_prefix(grid))
@@ -140,7 +140,7 @@ class Emu3Model(TextGridModel):
         if cfg:
             neg = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt
             rows.append(self.text_ids(neg, grid))
-        ids, mask = hub.left_pad(rows, self.pad_id)
+        ids, mask = common.left_pad(rows, self.pad_id)
         return Prompt(ids, mask)
 
     # ---- pixels ----------------------------------------------------------------------------------------------
@@ -149,4 +149,4 @@ class Emu3Model(TextGridModel):
         dev = next(vq.parameters()).device
         with torch.no_grad():
             img = vq.decode(tokens[None].long().to(dev))[0]  # [3, H_px, W_px], normalized as the processor's input
-        return hub.to_unit_image(img.permute(1, 2, 0), self.pixel_norm)
+        return common.to_unit_image(img.permute(1, 2, 0), self.pixel_norm)

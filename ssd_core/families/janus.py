@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
 from ..errors import SSDError
 from ..session import Layout, Prompt
+from . import common
 from .text import TextGridModel
 
 USER, ASSISTANT = "<|User|>", "<|Assistant|>"
@@ -43,18 +43,18 @@ class JanusModel(TextGridModel):
         self.default_grid = (n, n)
         gen = getattr(model, "generation_config", None)
         gkw = (getattr(gen, "generation_kwargs", None) or {}) if gen is not None else {}
-        self.bos_id = hub.first_id(getattr(gen, "bos_token_id", None), getattr(tokenizer, "bos_token_id", None),
+        self.bos_id = common.first_id(getattr(gen, "bos_token_id", None), getattr(tokenizer, "bos_token_id", None),
                                    cfg.text_config.bos_token_id)
-        self.pad_id = hub.first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
+        self.pad_id = common.first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
                                    cfg.text_config.pad_token_id)
         boi = gkw.get("boi_token_id")
         if boi is None and tokenizer is not None:
-            boi = hub.token_id(None, tokenizer, getattr(tokenizer, "boi_token", None) or IMAGE_START, None)
+            boi = common.token_id(None, tokenizer, getattr(tokenizer, "boi_token", None) or IMAGE_START, None)
         if self.bos_id is None or self.pad_id is None or boi is None:
             raise SSDError(f"Janus model {folder or ''} lacks its BOS, pad or image-start token ids "
                            "(generation_config.json: bos_token_id, pad_token_id, generation_kwargs.boi_token_id)")
         self.boi_id = int(boi)
-        self.pixel_norm = hub.pixel_normalization(folder)
+        self.pixel_norm = common.pixel_normalization(folder)
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class JanusModel(TextGridModel):
     def prompt_ids(self, prompt) -> list[int]:
         """Text -> [BOS] + the chat-formatted prompt ending in the image start. Token ids (already formatted
         text, e.g. for a benchmark without a tokenizer) -> [BOS] + ids + [image start]."""
-        given = hub.token_id_list(prompt)
+        given = common.token_id_list(prompt)
         if given is not None:
             return [self.bos_id] + given + [self.boi_id]
         ids = self.token_ids(self.prompt_text(self.check_text(prompt)))
@@ -122,4 +122,4 @@ class JanusModel(TextGridModel):
         dev = next(vq.parameters()).device
         with torch.no_grad():
             img = self.model.decode_image_tokens(tokens.reshape(1, H * W).long().to(dev))[0]  # [H_px, W_px, 3]
-        return hub.to_unit_image(img, self.pixel_norm)
+        return common.to_unit_image(img, self.pixel_norm)

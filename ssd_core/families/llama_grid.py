@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
+from .. import model_files
 from ..errors import SSDError, shown
 from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
@@ -24,7 +24,7 @@ SEE = "see docs/models-and-memory.md, section 'ssd_model.json'"
 def read_spec(folder: Path, vocab: int | None = None) -> dict:
     """ssd_model.json, checked key by key (and against a vocabulary size when given) before any weights load."""
     path = folder / "ssd_model.json"
-    spec = hub.read_json_object(folder, path.name, SEE, f"{folder} has no ssd_model.json: a llama-grid model needs "
+    spec = model_files.read_json_object(folder, path.name, SEE, f"{folder} has no ssd_model.json: a llama-grid model needs "
                                 f"one beside config.json ({SEE})")
     missing = [k for k in REQUIRED_KEYS if k not in spec]
     if missing:
@@ -93,7 +93,7 @@ _short = shown  # untrusted values in messages: repr-style, cut, no raw control 
 
 def folder_file(folder: Path, name: str, key: str) -> Path:
     """A file named in ssd_model.json, resolved inside the model folder (symlinks and '..' followed) or refused."""
-    full = hub.inside(folder, name, f"ssd_model.json's {key}", "put the file inside that folder and name it "
+    full = model_files.inside(folder, name, f"ssd_model.json's {key}", "put the file inside that folder and name it "
                       "relative to it (e.g. \"vq.safetensors\")")
     if not full.is_file():
         raise SSDError(f"ssd_model.json's {key} {_short(name)} is not a file in the model folder {folder}: "
@@ -155,11 +155,11 @@ class LlamaGridModel(GridModel):
         from transformers import AutoModelForCausalLM
 
         folder = cls.ensure_folder(folder, download)
-        vocab = hub.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
+        vocab = model_files.read_config(folder).get("vocab_size")  # ids are checked against it before the weights load
         spec = read_spec(folder, vocab if _is_whole(vocab) else None)
         vq = load_vq_decoder(folder, spec)
-        # every file inside the folder, safetensors of float tensors only, no tensor missing (hub.from_pretrained)
-        model = hub.from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, trust_remote_code=False,
+        # every file inside the folder, safetensors of float tensors only, no tensor missing (model_files.from_pretrained)
+        model = model_files.from_pretrained(AutoModelForCausalLM, folder, dtype=dtype, trust_remote_code=False,
                                     low_cpu_mem_usage=True, **kwargs)
         return cls(model.to(device) if "device_map" not in kwargs else model, spec, folder, vq)
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
+from .. import model_files
 from ..errors import SSDError
 from ..pixel_decoders.chameleon_vqgan import VQGANDecoder, find_vqgan
 from ..session import Layout, Prompt
+from . import common
 from .text import PROMPT_ALLOWANCE, TextGridModel
 
 IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
@@ -83,19 +84,19 @@ class LuminaModel(TextGridModel):
         self.image_vocab_size = n
         self.image_ids = torch.tensor([img2bpe[c] for c in range(n)], dtype=torch.long)
         self.vocab = dict(cfg.vocabulary_map or {})
-        self.start_id = hub.token_id(self.vocab, tokenizer, IMAGE_START, IDS[IMAGE_START])
-        self.end_id = hub.token_id(self.vocab, tokenizer, IMAGE_END, IDS[IMAGE_END])
-        self.row_end_id = hub.token_id(self.vocab, tokenizer, ROW_END, IDS[ROW_END])
-        self.turn_end_id = hub.token_id(self.vocab, tokenizer, TURN_END, IDS[TURN_END])
-        self.bos_id = hub.first_id(getattr(tokenizer, "bos_token_id", None), cfg.bos_token_id)
-        self.pad_id = hub.first_id(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
+        self.start_id = common.token_id(self.vocab, tokenizer, IMAGE_START, IDS[IMAGE_START])
+        self.end_id = common.token_id(self.vocab, tokenizer, IMAGE_END, IDS[IMAGE_END])
+        self.row_end_id = common.token_id(self.vocab, tokenizer, ROW_END, IDS[ROW_END])
+        self.turn_end_id = common.token_id(self.vocab, tokenizer, TURN_END, IDS[TURN_END])
+        self.bos_id = common.first_id(getattr(tokenizer, "bos_token_id", None), cfg.bos_token_id)
+        self.pad_id = common.first_id(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else \
             self.largest_square(UPSTREAM_SIDE, step=2, smallest=2)  # even sides: size tokens count 2 cells
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0, "min_p": 0.0}
         self._vqgan_path = find_vqgan(str(folder) if folder else None, vqgan if isinstance(vqgan, str) else None)
         if self._vqgan_path is not None and not isinstance(vqgan, str):  # found in the folder: it must lie inside
-            self._vqgan_path = str(hub.inside(folder, os.path.relpath(self._vqgan_path, folder), "the VQGAN file"))
+            self._vqgan_path = str(model_files.inside(folder, os.path.relpath(self._vqgan_path, folder), "the VQGAN file"))
         self._vqgan = vqgan if isinstance(vqgan, VQGANDecoder) else None
 
     # ---- loading --------------------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class LuminaModel(TextGridModel):
     # ---- prompts ---------------------------------------------------------------------------------------------
     def size_ids(self, grid) -> list[int]:
         H, W = grid
-        return [hub.token_id(self.vocab, self.tokenizer, size_token_name(v), IDS[ROW_END] + 1 + v // 2)
+        return [common.token_id(self.vocab, self.tokenizer, size_token_name(v), IDS[ROW_END] + 1 + v // 2)
                 for v in (H, W)]
 
     def image_prefix_ids(self, grid) -> list[int]:
@@ -166,8 +167,8 @@ class LuminaModel(TextGridModel):
             raise SSDError("Lumina-mGPT takes no negative prompt (its unconditional stream is the image start "
                            "and size tokens alone): clear it")
         grid = self.check_grid(grid)
-        bos = self.bos_id if self.bos_id is not None else hub.first_id(getattr(self.tokenizer, "eos_token_id", None))
-        given = hub.token_id_list(prompt)
+        bos = self.bos_id if self.bos_id is not None else common.first_id(getattr(self.tokenizer, "eos_token_id", None))
+        given = common.token_id_list(prompt)
         if given is not None:  # already tokenized prompt text (e.g. a benchmark without a tokenizer)
             ids = given + [self.turn_end_id]
         else:
@@ -182,7 +183,7 @@ class LuminaModel(TextGridModel):
         rows = [text_ids + prefix]
         if cfg:
             rows.append(prefix)
-        ids, mask = hub.left_pad(rows, self.pad_id)
+        ids, mask = common.left_pad(rows, self.pad_id)
         return Prompt(ids, mask)
 
     # ---- pixels ----------------------------------------------------------------------------------------------

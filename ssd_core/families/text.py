@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from .. import hub
+from .. import model_files
 from ..errors import SSDError
+from . import common
 from .base import GridModel
 
 PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is checked
@@ -16,7 +17,7 @@ PROMPT_ALLOWANCE = 256  # positions kept free for the prompt when a grid is chec
 
 class TextGridModel(GridModel):
     text_prompts = True
-    training_prompts = list(hub.TRAINING_PROMPTS)
+    training_prompts = list(common.TRAINING_PROMPTS)
     name = "text model"  # how messages call it
     transformers_class = ""  # the transformers class that reads the folder
     load_options: tuple[str, ...] = ()  # load() keyword arguments that go to the adapter, not to transformers
@@ -34,8 +35,8 @@ class TextGridModel(GridModel):
 
         options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
         folder = cls.ensure_folder(folder, download)
-        model = hub.load_pretrained(getattr(transformers, cls.transformers_class), folder, dtype, device, **kwargs)
-        return cls(model, hub.load_tokenizer(folder), Path(folder), **options)
+        model = model_files.load_pretrained(getattr(transformers, cls.transformers_class), folder, dtype, device, **kwargs)
+        return cls(model, model_files.load_tokenizer(folder), Path(folder), **options)
 
     # ---- the contract: image codes are rows `image_ids` of lm_head ------------------------------------------
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:

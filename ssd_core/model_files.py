@@ -1,0 +1,259 @@
+"""A local model folder: reading its JSON files and weights with every check, and loading it with the options.
+
+Everything here reads files the caller already has: only files inside the folder, JSON objects of sane shape
+and size, safetensors of float tensors (pickles are never opened). Downloads live in hub.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import SSDError, shown
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """'bf16' / 'fp16' / 'fp32' / a torch.dtype / None or 'auto' (the checkpoint's own) -> torch.dtype | None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).lower()
+    if key == "auto":
+        return None
+    if key not in DTYPES:
+        raise SSDError(f"unknown dtype {dtype!r}: use bf16, fp16 or fp32")
+    return DTYPES[key]
+
+
+
+# ---- reading a model folder: only files inside it, JSON objects of sane shape and size -----------------------
+MAX_JSON_BYTES = 64 << 20  # Emu3-Gen's config.json (its vocabulary map) is about 6 MB
+MAX_JSON_DEPTH = 32  # released configs nest 4 levels
+# sizes a config.json (or any of its sub-configs) may ask for: generous caps, far above any released model,
+# checked before transformers builds (allocates) anything
+SIZE_LIMITS = {
+    "num_hidden_layers": 1024, "num_layers": 1024, "n_layer": 1024,
+    "hidden_size": 65_536, "n_embd": 65_536, "d_model": 65_536,
+    "intermediate_size": 262_144, "ffn_dim": 262_144,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 8192,
+    "vocab_size": 1 << 22, "max_position_embeddings": 1 << 24, "n_positions": 1 << 24,
+    "num_embeddings": 1 << 20, "codebook_size": 1 << 20,
+}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight or bias may have
+COPY_IN = "copy the file itself into the folder (cp -L), or download into a folder of its own (local_dir)"
+
+
+def inside(folder, name, what: str, fix: str = COPY_IN) -> Path:
+    """`folder`/`name` resolved (symlinks and '..' followed) and refused unless its real path lies inside the
+    folder's real path. `what` names the entry in messages (e.g. "ssd_model.json's vq_decoder"), `fix` says what
+    to do when it lies outside."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise SSDError(f"{what} must be a file name inside the model folder {folder}, got {shown(name)}")
+    text = os.fspath(name)
+    if not text or not text.isprintable():
+        raise SSDError(f"{what} {shown(text)} is not a usable file name (empty, or it holds a control "
+                       f"character): name a file inside the model folder {folder}")
+    try:
+        root = Path(folder).resolve()
+        full = (root / text).resolve()
+        full.exists()  # a name too long for the file system raises here, not in resolve()
+    except (OSError, ValueError, RuntimeError) as err:  # a name too long, a symlink loop
+        raise SSDError(f"{what} {shown(text)} cannot be resolved in {folder} ({type(err).__name__}): name a file "
+                       "inside the model folder") from None
+    if full != root and root not in full.parents:
+        raise SSDError(f"{what} {shown(text)} lies outside the model folder {folder} (it resolves to {full}); "
+                       f"the pack reads only files inside it: {fix}")
+    return full
+
+
+def _check_tree(data, path, fix: str, sizes: bool) -> None:
+    """Depth, names (model_type anywhere, family and architectures at the top) and, for a config, SIZE_LIMITS."""
+    for key, kind in (("family", str), ("architectures", list)):  # family present: a name; architectures: or null
+        value = data.get(key)
+        if (key in data if kind is str else value is not None) and (not isinstance(value, kind) or
+                                  (kind is list and not all(isinstance(v, str) for v in value))):
+            want = "a name (a JSON string)" if kind is str else "a list of class names (JSON strings)"
+            raise SSDError(f"{path}: {key} must be {want}, got {shown(value)}; {fix}")
+    stack = [(data, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise SSDError(f"{path} nests JSON more than {MAX_JSON_DEPTH} levels deep (at {shown(where)}): it is "
+                           f"not a file of this kind; {fix}")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            at = f"{where}.{key}" if where else str(key)
+            if key == "model_type" and isinstance(node, dict) and value is not None and not isinstance(value, str):
+                raise SSDError(f"{path}: {at} must be a name (a JSON string), got {shown(value)}; {fix}")
+            if sizes and isinstance(node, dict) and key in SIZE_LIMITS and value is not None:
+                limit = SIZE_LIMITS[key]
+                if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+                    raise SSDError(f"{path}: {at} is {shown(value)}; this pack loads whole numbers from 1 to "
+                                   f"{limit:,} there (far above any released model): {fix}")
+            if isinstance(value, (dict, list)):
+                stack.append((value, depth + 1, at))
+
+
+def read_json_object(folder, name: str, fix: str, missing: str | None = None, sizes: bool = False) -> dict:
+    """The JSON object in `folder`/`name`, or one SSDError line ending in `fix`: the file missing (`missing`,
+    else a default), outside the folder, too large, not JSON, not an object, nested too deep, a name key
+    (family, architectures, model_type) that is not a name, or (`sizes`, config.json) a size past SIZE_LIMITS."""
+    folder = Path(folder)
+    path = folder / name
+    full = inside(folder, name, name) if os.path.lexists(path) else path
+    if not full.is_file():
+        raise SSDError(missing or f"{folder} has no {name}; {fix}")
+    size = full.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise SSDError(f"{path} is {size:,} bytes, more than the {MAX_JSON_BYTES:,} a JSON file of a model folder "
+                       f"may have; {fix}")
+    try:
+        data = json.loads(full.read_bytes().decode("utf-8"))
+    except RecursionError:
+        raise SSDError(f"{path} nests JSON too deeply to read: it is not a file of this kind; {fix}") from None
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, a number of 5,000 digits
+        raise SSDError(f"{path} is not valid JSON ({str(err)[:200]}); {fix}") from None
+    if not isinstance(data, dict):
+        raise SSDError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    _check_tree(data, path, fix, sizes)
+    return data
+
+
+def read_config(folder) -> dict:
+    """config.json of a transformers folder, checked by read_json_object (sizes included) before any load."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SSDError(f"model folder {folder} does not exist")
+    return read_json_object(folder, "config.json", "fix config.json, or re-download the model",
+                            f"{folder} has no config.json: it is not a transformers model folder", sizes=True)
+
+
+def check_links(folder) -> None:
+    """Every entry at the top of the folder (what transformers and the tokenizer read) lies inside it."""
+    folder = Path(folder)
+    for entry in sorted(folder.iterdir()):
+        if not entry.name.startswith("."):
+            inside(folder, entry.name, "the entry")
+
+
+def weight_files(folder) -> list[Path]:
+    """The safetensors files transformers will read for the folder's model (model.safetensors, else the shards
+    model.safetensors.index.json names), each resolved inside the folder; pickled weights are refused by name."""
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if os.path.lexists(single):
+        return [inside(folder, single.name, single.name)]
+    if not os.path.lexists(index):
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickled:
+            raise SSDError(f"{folder} holds only pickled weights ({', '.join(pickled[:3])}), which this pack never "
+                           "loads: convert them to model.safetensors where you trust the file (load with "
+                           "transformers, then save_pretrained(folder, safe_serialization=True))")
+        raise SSDError(f"{folder} has no model weights (model.safetensors or model.safetensors.index.json): copy "
+                       "the model's weights into it")
+    fix = "re-download the model, or re-save it with save_pretrained"
+    data = read_json_object(folder, index.name, fix)
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise SSDError(f"{index} has no weight_map object of tensor names and shard files; {fix}")
+    files = {}
+    for tensor, shard in weight_map.items():
+        what = f"{index.name}'s shard for {shown(tensor)}"
+        if not isinstance(shard, str) or not shard.endswith(".safetensors"):
+            raise SSDError(f"{what} must be a .safetensors file name inside the folder, got {shown(shard)}; {fix}")
+        if shard not in files:
+            files[shard] = inside(folder, shard, what)
+            if not files[shard].is_file():
+                raise SSDError(f"{what}, {shown(shard)}, is not a file in {folder}: the download is incomplete; "
+                               f"{fix}")
+    return list(files.values())
+
+
+def check_weights(folder, config: dict | None = None) -> list[Path]:
+    """weight_files, each with a readable safetensors header whose weights and biases are floating point (unless
+    config.json declares a quantization_config: transformers then reads its own packed formats)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    files = weight_files(folder)
+    quantized = isinstance(config, dict) and config.get("quantization_config") is not None
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                if quantized:
+                    continue
+                for key in f.keys():
+                    dtype = f.get_slice(key).get_dtype()
+                    if key.endswith((".weight", ".bias")) and dtype not in FLOAT_DTYPES:
+                        raise SSDError(f"{path.name} in {folder} holds {shown(key)} as {dtype}: this pack loads "
+                                       "unquantized weights (bf16 / fp16 / fp32) and quantizes them itself; use the "
+                                       "model's original safetensors and the 8-bit / 4-bit quantization option")
+        except SSDError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- safetensors raises several types for a damaged header
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SSDError(f"could not load the model in {folder}: {path.name} is not a readable safetensors file "
+                           f"({first[:200]}); re-download or re-save the weights (model.safetensors)") from None
+    return files
+
+
+def from_pretrained(cls, folder, **kwargs):
+    """`cls.from_pretrained(folder)` on a checked folder: every file it reads lies inside the folder, the weights
+    are safetensors (pickles are never opened) of float tensors, and every tensor the model has is in them."""
+    folder = Path(folder)
+    check_links(folder)
+    check_weights(folder, read_config(folder))
+    try:
+        model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True, **kwargs)
+    except (MemoryError, torch.OutOfMemoryError, SSDError):
+        raise
+    except Exception as err:  # noqa: BLE001 -- transformers / safetensors raise many types for a bad folder
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {first[:300]}); check "
+                       "config.json and re-download or re-save the weights (model.safetensors)") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SSDError(f"the weights in {folder} lack {', '.join(missing[:3])}{more}: the model would run with "
+                       "random values there; re-download the model, or re-save it with save_pretrained")
+    return model
+
+
+def load_pretrained(cls, folder, dtype=None, device="cpu", device_map=None, low_cpu_mem_usage: bool = True,
+                    **kwargs):
+    """`cls.from_pretrained` with the loading options: dtype (bf16/fp16/fp32/auto), device, low-memory
+    loading, and `device_map` (through accelerate) for a model larger than one device."""
+    kw = dict(kwargs)
+    torch_dtype = parse_dtype(dtype)
+    if torch_dtype is not None:
+        kw["dtype"] = torch_dtype
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise SSDError("device_map needs the accelerate package (pip install accelerate)") from None
+        kw["device_map"] = device_map
+        low_cpu_mem_usage = True
+    kw["low_cpu_mem_usage"] = bool(low_cpu_mem_usage)
+    model = from_pretrained(cls, folder, **kw)
+    if device_map is None and device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(folder):
+    """The model folder's own tokenizer, or None when it has none."""
+    folder = Path(folder)
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # noqa: BLE001
+        raise SSDError(f"could not read the tokenizer in {folder}: {err}") from None
