@@ -21,7 +21,7 @@ from .errors import Cancelled, SSDError
 from .families.base import GridModel
 from .run import Policy, Run
 from .sampling import SamplerSettings, guide, log_probs
-from .session import Layout, Prompt, Session, stack_prompts
+from .session import KVSession, Layout, Prompt, stack_prompts
 
 
 def _now(device) -> float:
@@ -113,15 +113,40 @@ def _time_heads(heads, timings: dict) -> list:
             for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
 
 
+class _Rows:
+    """Which stream rows of the session each image of a batch holds (image i: i, i + N, ...): on the device (to
+    index features and logits) and as host numbers (to set held lengths); renumbered when images leave."""
+
+    def __init__(self, session: KVSession, images: int):
+        self.session = session
+        dev = session.m.device
+        self.dev = [torch.arange(i, session.batch, images, device=dev) for i in range(images)]
+        self.host = [list(range(i, session.batch, images)) for i in range(images)]
+
+    def hold(self, held: list[int], image: int, slots: int) -> None:
+        """Set image's rows in `held` (a copy of session.held_host, for session.crop) to `slots`."""
+        for r in self.host[image]:
+            held[r] = slots
+
+    def keep(self, images: list[int]) -> None:
+        """Only these images' streams stay in the session (finished images leave its batch), renumbered in order."""
+        self.session.select(torch.cat([self.dev[i] for i in images]), [r for i in images for r in self.host[i]])
+        offset = 0
+        for i in images:
+            k = len(self.host[i])
+            self.dev[i] = torch.arange(offset, offset + k, device=self.dev[i].device)
+            self.host[i] = list(range(offset, offset + k))
+            offset += k
+
+
 def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score, timings):
     dev = model.device
     N = len(prompts)
     clock = Clock(dev)
     t0 = _now(dev)
-    session = model.start(stack_prompts(prompts) if N > 1 else prompts[0], N)
-    rows = [torch.arange(i, session.batch, N, device=dev) for i in range(N)]  # the cache rows of image i: its streams
-    host_rows = [list(range(i, session.batch, N)) for i in range(N)]  # the same, as host numbers
-    runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows)]
+    rows = _Rows(model.start(stack_prompts(prompts) if N > 1 else prompts[0], N), N)
+    session = rows.session
+    runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows.dev)]
     timings["prefill"] = _now(dev) - t0
     for run, policy in zip(runs, policies):
         run.session = session
@@ -132,79 +157,93 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     while active:
         if should_cancel is not None and should_cancel():
             raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
-        fed = [runs[i].ids[runs[i].keep:runs[i].end].clone() for i in active]
-        n = max(f.numel() for f in fed)
-        t1 = clock.mark()
-        if n:
-            feats, all_logits, visibles = _forward(model, session, [runs[i] for i in active], [policies[i] for i in active],
-                                         [rows[i] for i in active], fed, n, pad_id, decoder_name)
-        t2 = clock.mark()
-        held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
-        for j, i in enumerate(active):
-            run, k = runs[i], fed[j].numel()
-            C = run.start = run.cached = run.keep  # its own cache length: the window starts there
-            run.verified[C:run.end] += 1
-            if k:
-                run.steps += 1
-                run.features[:, C:C + k] = feats[rows[i], :k]
-                logits = torch.cat([run.next_logits[:, None], all_logits[rows[i], :k]], dim=1)
-            else:
-                logits = run.next_logits[:, None]
-            run.feeding(fed[j], visibles[j] if k else None)
-            policies[i].update(run, logits, feats[rows[i], :k] if k else None)
-            run.keep = run.kept()  # the step's one host copy (made by the policy, or here)
-            run.cached, run.next_logits = run.keep, logits[:, run.keep - C]
-            for r in host_rows[i]:
-                held[r] = run.keep
-        clock.add("forward", t1, t2)
-        clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
-        session.crop(held)
-        for i in active:
-            if on_step is not None and n:
+        if _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, decoder_name,
+                 clock) and on_step is not None:
+            for i in active:
                 on_step(T.progress(runs[i], i))
         done = [i for i in active if runs[i].done]
-        if done:
-            active = [i for i in active if i not in done]
-            finalize = 0
-            first = min(runs[i].keep for i in done)
-            if not active and first < layout.num_slots:  # the last tokens' keys: the cache holds every sequence
-                t1 = _now(dev)
-                held = list(session.held_host)
-                last = [runs[i].ids[runs[i].keep:] for i in done]
-                session.forward(*_batch_ids(session, [rows[i] for i in done], last, [None] * len(done),
-                                            layout.num_slots - first, pad_id))
-                for i in done:
-                    for r in host_rows[i]:
-                        held[r] = layout.num_slots
-                session.crop(held)
-                timings["finalize"] = _now(dev) - t1
-                finalize = 1
-            timings["wall"] = _now(dev) - t0
-            timings["forward"] = clock.seconds("forward")
-            timings["policy"] = clock.seconds("policy") - timings["draft"]
-            for i in done:
-                runs[i].flush()
-                runs[i].cached = session.held_host[host_rows[i][0]]
-                traces[i] = T.from_run(runs[i], decoder_name, getattr(policies[i], "params", {}), dict(timings),
-                                       finalize, _peak_memory_mb(dev))
-            if active and callable(getattr(session, "select", None)):  # the finished images' streams leave the cache
-                session.select(torch.cat([rows[i] for i in active]), [r for i in active for r in host_rows[i]])
-                offset = 0
-                for i in active:
-                    rows[i] = torch.arange(offset, offset + rows[i].numel(), device=dev)
-                    host_rows[i] = list(range(offset, offset + rows[i].numel()))
-                    offset += rows[i].numel()
+        if not done:
+            continue
+        active = [i for i in active if i not in done]
+        finalize = 0 if active else _last_keys(rows, [runs[i] for i in done], done, layout, pad_id, timings)
+        timings["wall"] = _now(dev) - t0
+        timings["forward"] = clock.seconds("forward")
+        timings["policy"] = clock.seconds("policy") - timings["draft"]
+        for i in done:
+            runs[i].flush()
+            runs[i].cached = session.held_host[rows.host[i][0]]
+            traces[i] = T.from_run(runs[i], decoder_name, policies[i].params, dict(timings), finalize,
+                                   _peak_memory_mb(dev))
+        if active:
+            rows.keep(active)
     if score:
-        for i, (run, prompt) in enumerate(zip(runs, prompts)):
-            t1 = _now(dev)
-            fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes.cpu(), run.settings)
-            tr = traces[i]
-            tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
-            tr.timings["score"] = _now(dev) - t1
+        _score(model, prompts, layout, runs, traces)
     return list(zip(runs, traces))
 
 
-def _forward(model, session: Session, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
+def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: list[int], pad_id: int,
+          decoder_name: str, clock: Clock) -> int:
+    """One step of these images (runs, policies): one base-model forward of every window [keep, end), then each
+    policy's update; the cache is cropped to each image's kept prefix. -> the longest window fed (0: none)."""
+    session = rows.session
+    fed = [run.ids[run.keep:run.end].clone() for run in runs]
+    n = max(f.numel() for f in fed)
+    t1 = clock.mark()
+    feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], fed, n,
+                                           pad_id, decoder_name) if n else (None, None, [None] * len(runs))
+    t2 = clock.mark()
+    held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
+    for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
+        r, k = rows.dev[i], f.numel()
+        C = run.start = run.cached = run.keep  # its own cache length: the window starts there
+        run.verified[C:run.end] += 1
+        if k:
+            run.steps += 1
+            run.features[:, C:C + k] = feats[r, :k]
+            logits = torch.cat([run.next_logits[:, None], all_logits[r, :k]], dim=1)
+        else:
+            logits = run.next_logits[:, None]
+        run.feeding(f, visible if k else None)
+        policy.update(run, logits, feats[r, :k] if k else None)
+        run.keep = run.kept()  # the step's one host copy (made by the policy, or here)
+        run.cached, run.next_logits = run.keep, logits[:, run.keep - C]
+        rows.hold(held, i, run.keep)
+    clock.add("forward", t1, t2)
+    clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
+    session.crop(held)
+    return n
+
+
+def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, pad_id: int, timings: dict) -> int:
+    """The last images' tokens past their kept prefix get their keys (one forward), so that the cache holds every
+    sequence whole. -> 1 when that forward ran (the trace's finalize), else 0."""
+    session = rows.session
+    first = min(run.keep for run in runs)
+    if first >= layout.num_slots:
+        return 0
+    t1 = _now(session.m.device)
+    held = list(session.held_host)
+    last = [run.ids[run.keep:] for run in runs]
+    session.forward(*_batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
+                                layout.num_slots - first, pad_id))
+    for i in images:
+        rows.hold(held, i, layout.num_slots)
+    session.crop(held)
+    timings["finalize"] = _now(session.m.device) - t1
+    return 1
+
+
+def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces: list[T.Trace]) -> None:
+    """Each trace's fidelity figures (sequence_nll) and the time they took."""
+    dev = model.device
+    for run, prompt, tr in zip(runs, prompts, traces):
+        t1 = _now(dev)
+        fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes.cpu(), run.settings)
+        tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
+        tr.timings["score"] = _now(dev) - t1
+
+
+def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
              fed: list[torch.Tensor], n: int, pad_id: int, decoder_name: str):
     """One base-model forward of every image's fed slots, right-padded to n.
 
@@ -220,7 +259,7 @@ def _no_token(decoder_name: str, run: Run, fed: torch.Tensor):
     raise RuntimeError(f"{decoder_name}: window slot without a token at {run.start + int((fed < 0).nonzero()[0])}")
 
 
-def _batch_ids(session: Session, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,
+def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,
                pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each image's fed ids on its rows, right-padded to n -> ids ([n] when one image fills the batch, else
     [B, n]) and the visible slots (None: all; padding and rows of no image are invisible)."""
@@ -245,7 +284,7 @@ def _peak_memory_mb(dev: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def sequence_logits(model: GridModel, prompt: Prompt, ids: torch.Tensor) -> tuple[Session, torch.Tensor]:
+def sequence_logits(model: GridModel, prompt: Prompt, ids: torch.Tensor) -> tuple[KVSession, torch.Tensor]:
     """Teacher-forced raw logits [B, L, V] predicting every slot of a finished sequence, in one forward."""
     session = model.start(prompt)
     first = model.image_logits(session.last_features)[:, None]

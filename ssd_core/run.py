@@ -11,7 +11,7 @@ from . import trace as T
 from .errors import SSDError
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
                        log_probs, not_finite_message, seeded_generator)
-from .session import Layout, Session
+from .session import KVSession, Layout
 
 
 class Run:
@@ -24,7 +24,7 @@ class Run:
     def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
-        self.session: Session | None = None  # the (batch's) KV cache, set by the engine
+        self.session: KVSession | None = None  # the (batch's) KV cache, set by the engine
         dev = model.device
         L = layout.num_slots
         self.L, self.V = L, model.image_vocab_size
@@ -273,6 +273,7 @@ class Policy:
     name = "policy"
     needs_heads = False  # refuses to run without heads
     uses_heads = False  # drafts with heads when they are given
+    params: dict = {}  # the decoder parameters it runs with, by name (make_policy sets them; the trace records them)
 
     def begin(self, run: Run) -> None:
         pass

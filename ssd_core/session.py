@@ -1,5 +1,6 @@
 """One generation's sequence: where image cells and forced tokens sit (Layout), the prompt ids (Prompt), and
-the CFG-batched KV-cache Session every family shares (masks, positions, the pre-norm features)."""
+the CFG-batched KV-cache session every family shares: its interface and shared part (KVSession), and the
+DynamicCache kind (Session; the static kind is static_cache.StaticSession)."""
 from __future__ import annotations
 
 import contextlib
@@ -77,29 +78,112 @@ def capture_input(module: torch.nn.Module):
         handle.remove()
 
 
-class Session:
-    """One generation's KV cache over [prompt ; slots]. Batch row 0 is conditional, row 1 unconditional.
+class KVSession:
+    """The KV-cache session the engine drives: one generation's (or one batch's) cache over [prompt ; slots].
 
-    Each stream row holds its own number of slots (`held`): its keys sit at the slot columns [0, held), in
-    slot order, and the columns past it (up to `cached`, the most any row holds) are masked out for it. One
-    row's feed writes its slots held .. held + n - 1, whatever the other rows hold (batches of images)."""
+    Batch row 0 is conditional, row 1 unconditional (a batch of N images: the N conditional rows, then the N
+    unconditional ones). Each stream row holds its own number of slots (`held`): its keys sit at the slot
+    columns [0, held), in slot order, and the columns past it (up to `cached`, the most any row holds) are
+    masked out for it. One row's feed writes its slots held .. held + n - 1, whatever the other rows hold.
+
+    Written once here: that bookkeeping, `forward`'s positions and key packing, `crop`, `select` (finished
+    images leave) and `cache_tensors`. A kind of cache (Session: transformers' DynamicCache; StaticSession in
+    static_cache.py: a preallocated one) implements the five methods under "a cache kind" below."""
 
     def __init__(self, model, prompt: Prompt):
-        """model: the GridModel (families/base.py) whose backbone, embeddings and final norm run the steps."""
-        from transformers import DynamicCache
-
+        """model: the GridModel (families/base.py) whose backbone, embeddings and final norm run the steps.
+        A subclass sets up its cache first: this runs the prompt (the prefill)."""
         self.m = model
         dev = model.device
         self.prompt_mask = prompt.mask.to(dev)
         self.batch, self.prompt_len = prompt.ids.shape
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
-        self.cache = DynamicCache()
-        self.cache_kw = cache_kwarg(model.backbone())  # 'cache' in transformers 5, else 'past_key_values'
         self.held_host = [0] * self.batch  # [B] slots whose keys each row holds, as host numbers (read without a tensor op)
         self.cached = 0  # slot columns in the cache: the most slots any row holds
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        feats = self._run(prompt.ids.to(dev), pos, self._mask(self.prompt_len, None, prefill=True))
-        self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
+        self.last_features = self._prefill(prompt.ids.to(dev), pos)[:, -1]  # [B, d]: features predicting slot 0
+
+    @property
+    def held(self) -> torch.Tensor:
+        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`, for checks; the steps use
+        held_on_device)."""
+        return torch.tensor(self.held_host, dtype=torch.long)
+
+    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+
+        visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible.
+        Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
+        n = slot_ids.shape[-1]
+        dev = self.m.device
+        ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
+        held = held_on_device(self.held_host, dev)
+        feats = self._feed(ids, visible, held)
+        pack_fed_keys(self._layers(), self.prompt_len, held, self.cached, n, min(self.held_host))
+        self.held_host = [h + n for h in self.held_host]
+        self.cached += n
+        return feats
+
+    def crop(self, slots) -> None:
+        """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row) in the cache."""
+        self.held_host = held_minimum(self.held_host, slots)
+        drop = self.cached - max(self.held_host)
+        if drop > 0:
+            self._drop(drop)
+            self.cached -= drop
+
+    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
+        """Keep only these batch rows (in this order): the streams of images that are still generating
+        (host_rows: the same as host numbers, when the caller has them). The batch shrinks to them."""
+        on_device = rows.to(self.m.device)
+        self.held_host = [self.held_host[r] for r in (rows.tolist() if host_rows is None else host_rows)]
+        self.batch = int(rows.numel())
+        self._keep_rows(on_device)
+        self.prompt_mask, self.real_len = self.prompt_mask[on_device], self.real_len[on_device]
+        self.last_features = self.last_features[on_device]
+        self.crop(self.held_host)  # slot columns no remaining row holds leave the cache
+
+    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's valid keys and values ([B, heads, prompt + cached, head_dim])."""
+        n = self.prompt_len + self.cached
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self._layers()]
+
+    def _positions(self, held: torch.Tensor, width: int) -> torch.Tensor:
+        """[B, width] position ids of a feed: each row's slots from its own held count, after its real prompt."""
+        return self.real_len[:, None] + held[:, None] + torch.arange(width, device=held.device)[None]
+
+    # ---- a cache kind -------------------------------------------------------------------------------------
+    def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ids [B, P] at positions pos [B, P] into the cache -> pre-norm features [B, P, d]."""
+        raise NotImplementedError
+
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
+        """One forward of ids [B, n], each row at its own positions (held [B] on the device), writing the keys
+        at slot columns [cached, cached + n) of every row -> pre-norm features [B, n, d] (forward packs them)."""
+        raise NotImplementedError
+
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's (keys, values) [B, heads, columns, head_dim] of the live rows, written in place."""
+        raise NotImplementedError
+
+    def _drop(self, columns: int) -> None:
+        """The last `columns` slot columns leave the cache (no row holds them)."""
+        raise NotImplementedError
+
+    def _keep_rows(self, rows: torch.Tensor) -> None:
+        """The cache keeps only these rows [B'] (on the device), in this order (held_host is theirs already)."""
+        raise NotImplementedError
+
+
+class Session(KVSession):
+    """The session over transformers' DynamicCache: the cache grows with each feed and shrinks with each crop."""
+
+    def __init__(self, model, prompt: Prompt):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.cache_kw = cache_kwarg(model.backbone())  # 'cache' in transformers 5, else 'past_key_values'
+        super().__init__(model, prompt)
 
     def _mask(self, n: int, visible: torch.Tensor | None, prefill: bool = False,
               held: torch.Tensor | None = None) -> torch.Tensor:
@@ -130,49 +214,21 @@ class Session:
                               use_cache=True, **{self.cache_kw: self.cache})
         return box["x"]
 
-    @property
-    def held(self) -> torch.Tensor:
-        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`, for checks; the steps use
-        held_on_device)."""
-        return torch.tensor(self.held_host, dtype=torch.long)
+    def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._run(ids, pos, self._mask(self.prompt_len, None, prefill=True))
 
-    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        return self._run(ids, self._positions(held, n), self._mask(n, visible, held=held))
 
-        visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible.
-        Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
-        n = slot_ids.shape[-1]
-        dev = self.m.device
-        ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
-        held = held_on_device(self.held_host, dev)
-        pos = self.real_len[:, None] + held[:, None] + torch.arange(n, device=dev)[None]
-        feats = self._run(ids, pos, self._mask(n, visible, held=held))
-        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, held, self.cached, n, min(self.held_host))
-        self.held_host = [h + n for h in self.held_host]
-        self.cached += n
-        return feats
-
-    def crop(self, slots) -> None:
-        """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row) in the cache."""
-        self.held_host = held_minimum(self.held_host, slots)
-        drop = self.cached - max(self.held_host)
-        if drop > 0:
-            self.cache.crop(-drop)
-            self.cached -= drop
-
-    def select(self, rows: torch.Tensor, host_rows: list[int] | None = None) -> None:
-        """Keep only these batch rows (in this order): the streams of images that are still generating
-        (host_rows: the same as host numbers, when the caller has them)."""
-        on_device = rows.to(self.m.device)
-        self.cache.batch_select_indices(on_device)
-        self.prompt_mask, self.real_len = self.prompt_mask[on_device], self.real_len[on_device]
-        self.last_features = self.last_features[on_device]
-        self.held_host = [self.held_host[r] for r in (rows.tolist() if host_rows is None else host_rows)]
-        self.batch = int(rows.numel())
-        self.crop(self.held_host)  # slot columns no remaining row holds leave the cache
-
-    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return layer_tensors(self.cache)
+
+    def _drop(self, columns: int) -> None:
+        self.cache.crop(-columns)
+
+    def _keep_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
 
 
 def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -11,6 +11,7 @@ write position with the cache's own length counter; 4.57 takes `cache_position`:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import SSDError
-from .session import Prompt, cache_kwarg, held_columns, held_minimum, held_on_device, layer_tensors, pack_fed_keys
+from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
 WINDOW_ROWS = 4  # ssd-exact's default window: its 3 drafted rows plus the final-but-uncached slots of the row before
@@ -204,21 +205,21 @@ def _set_length(cache, length: int) -> None:
             layer.cumulative_length = length
 
 
-class StaticSession:
-    """Session (session.py) over a preallocated static cache: same interface (forward, crop, held, cached,
-    last_features, cache_tensors), masks over the whole capacity, windows padded to buckets.
+class StaticSession(KVSession):
+    """The session (session.KVSession) over a preallocated static cache, a pool entry of the model that its
+    generations reuse: masks over the whole capacity, windows padded to buckets, crop only moves valid lengths.
 
     images > 1 (a batch): rows hold different numbers of slots and a feed is written after the most any row
-    holds before it moves into place, so the capacity is two layouts' slots instead of one."""
+    holds before it moves into place, so the capacity is two layouts' slots instead of one. Finished images
+    leave (select): the live rows move to the front of the cache's rows and the eager steps run on them alone
+    (views of them); a compiled step keeps the batch it was compiled for, its spare rows a copy of row 0
+    written where no image reads (a smaller batch would compile every bucket again, mid-generation)."""
 
     def __init__(self, model, prompt: Prompt, opts: StaticOptions, images: int = 1):
-        self.m, self.opts = model, opts
-        dev = model.device
-        self.prompt_mask = prompt.mask.to(dev)
-        self.batch, self.prompt_len = prompt.ids.shape
-        self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
-        self.capacity = capacity(opts, self.prompt_len, images)
-        key = (self.batch, self.capacity)
+        self.opts = opts
+        self.rows = prompt.ids.shape[0]  # the cache's rows: the streams it was made for (batch: those still live)
+        self.capacity = capacity(opts, prompt.ids.shape[1], images)
+        key = (self.rows, self.capacity)
         if key in opts.pool:
             opts.pool[key] = opts.pool.pop(key)  # the most recently used last
         else:
@@ -228,14 +229,28 @@ class StaticSession:
             opts.pool[key] = (cache, _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if opts.compiled else None)
         self.cache, self._eager, self._compiled = opts.pool[key]
-        self.held_host = [0] * self.batch  # [B] slots whose keys each row holds, as host numbers
-        self.cached = 0  # slot columns in use: the most slots any row holds
-        pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        super().__init__(model, prompt)
+
+    def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        dev = self.m.device
         keys = torch.arange(self.capacity, device=dev)
         causal = keys[None, :] <= torch.arange(self.prompt_len, device=dev)[:, None]  # [P, C]
         allowed = causal[None] & torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))[:, None]
-        feats = self._step(self.m.embed(prompt.ids.to(dev)), allowed, pos, 0, compiled=False)
-        self.last_features = feats[:, -1]  # [B, d]: features predicting slot 0
+        return self._step(self.m.embed(ids), allowed, pos, 0, compiled=False)
+
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        size = bucket(n, self.opts.buckets) if self._compiled is not None else None
+        width = size or n
+        if width > n:  # padded queries repeat the last id; their keys land past the valid length
+            ids = torch.cat([ids, ids[:, -1:].expand(self.batch, width - n)], dim=1)
+        start = self.prompt_len + self.cached
+        if start + width > self.capacity:
+            raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
+                           "load the model with compile 'off'")
+        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held), self._positions(held, width), start,
+                           compiled=size is not None)
+        return feats[:, :n]
 
     def _step(self, embeds, allowed, pos, start: int, compiled: bool) -> torch.Tensor:
         """One forward writing keys at [start, start + n): allowed [B, n, C] bool -> features [B, n, d]."""
@@ -248,38 +263,12 @@ class StaticSession:
             if compiled:
                 if self.m.device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
-                return self._compiled(embeds, mask[:, None], pos, cache_positions).clone()
-            return self._eager(embeds, mask[:, None], pos, cache_positions)
-
-    @property
-    def held(self) -> torch.Tensor:
-        """[B] on the CPU: slots whose keys each row holds (a view of `held_host`, for checks; the steps use
-        held_on_device)."""
-        return torch.tensor(self.held_host, dtype=torch.long)
-
-    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
-
-        Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
-        n = slot_ids.shape[-1]
-        dev = self.m.device
-        ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)
-        size = bucket(n, self.opts.buckets) if self._compiled is not None else None
-        width = size or n
-        if width > n:  # padded queries repeat the last id; their keys land past the valid length
-            ids = torch.cat([ids, ids[:, -1:].expand(self.batch, width - n)], dim=1)
-        start = self.prompt_len + self.cached
-        if start + width > self.capacity:
-            raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
-                           "load the model with compile 'off'")
-        held = held_on_device(self.held_host, dev)
-        pos = self.real_len[:, None] + held[:, None] + torch.arange(width, device=dev)[None]
-        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held), pos, start,
-                           compiled=size is not None)
-        pack_fed_keys(layer_tensors(self.cache), self.prompt_len, held, self.cached, n, min(self.held_host))
-        self.held_host = [h + n for h in self.held_host]
-        self.cached += n
-        return feats[:, :n]
+                spare = self.rows - self.batch  # rows of images that left: row 0 again keeps the compiled shape
+                if spare:
+                    embeds, mask, pos = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (embeds, mask, pos))
+                return self._compiled(embeds, mask[:, None], pos, cache_positions)[:self.batch].clone()
+            with _live_rows(self.cache, self.batch):
+                return self._eager(embeds, mask[:, None], pos, cache_positions)
 
     def _allowed(self, width: int, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
         """[B, width, C] bool: real prompt keys, each row's held slots, the causal (and visible) window; nothing later.
@@ -300,13 +289,30 @@ class StaticSession:
         prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
         return prompt[:, None, :] | window | past
 
-    def crop(self, slots) -> None:
-        """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row): only the valid
-        lengths move."""
-        self.held_host = held_minimum(self.held_host, slots)
-        self.cached = max(self.held_host)
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(k[:self.batch], v[:self.batch]) for k, v in layer_tensors(self.cache)]
 
-    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The valid keys and values of every layer ([B, heads, prompt + cached, head_dim])."""
-        n = self.prompt_len + self.cached
-        return [(k[:, :, :n], v[:, :, :n]) for k, v in layer_tensors(self.cache)]
+    def _drop(self, columns: int) -> None:
+        pass  # the mask hides every key past the valid length; the next feed overwrites them
+
+    def _keep_rows(self, rows: torch.Tensor) -> None:
+        """The kept rows' keys move to the cache's first rows (in place: the compiled step's tensors stay)."""
+        n = self.prompt_len + max(self.held_host)
+        for k, v in layer_tensors(self.cache):
+            k[:self.batch, :, :n] = k[rows, :, :n]
+            v[:self.batch, :, :n] = v[rows, :, :n]
+
+
+@contextlib.contextmanager
+def _live_rows(cache, rows: int):
+    """Inside the block every layer of the cache shows only its first `rows` rows (views of them): an eager
+    forward of a batch that finished images left. Outside, the whole tensors (the pool's, the compiled step's)."""
+    swapped = [(layer, layer.keys, layer.values) for layer in getattr(cache, "layers", [])
+               if getattr(layer, "keys", None) is not None and layer.keys.shape[0] > rows]
+    for layer, keys, values in swapped:
+        layer.keys, layer.values = keys[:rows], values[:rows]
+    try:
+        yield
+    finally:
+        for layer, keys, values in swapped:
+            layer.keys, layer.values = keys, values
