@@ -26,7 +26,7 @@ bench: install
 		--images $(BENCH_IMAGES) --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
 
 bench-gpu: install
-	$(PY) -m ssd_core.dev.bench_gpu --json bench_gpu.json
+	$(PY) -m tools.bench_gpu --json bench_gpu.json
 
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
@@ -82,20 +82,20 @@ heads: install
 
 # the README's table of the released models' weights at bf16 / 8-bit / 4-bit (meta-device configs, no download)
 weights-table: install
-	$(PY) -m ssd_core.dev.memory_table
+	$(PY) -m tools.memory_table
 
 # on a CUDA GPU (with bitsandbytes installed): weights and peak memory of one ssd-exact generation per
 # quantization on a random-weight Janus-Pro-7B (saved once as bf16 safetensors into .work/peak)
 gpu-memory: install
-	$(PY) -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
+	$(PY) -m tools.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
 		--json .work/peak/peak_memory.json
 
 # on a CUDA GPU, in under 8 minutes: tests/test_cuda.py, bench-gpu (3 compiled buckets) and gpu-memory (the
 # quantizations bitsandbytes allows), each with a time cap, into ONE JSON (GPU_CHECK_JSON): versions, the device,
 # each part's status and figures, pass / fail. Without CUDA it stops at once, saying so. It uses the venv's
 # python when there is one, else $(PYTHON) (a GPU machine's own torch): no install step, nothing fetched.
-# `python -m ssd_core.dev.gpu_check --dry` runs its CPU parts anywhere (tests/test_gpu_check.py does).
+# `python -m tools.gpu_check --dry` runs its CPU parts anywhere (tests/test_gpu_check.py does).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_CHECK_JSON ?= .work/gpu_check.json
 gpu-check:
-	$(GPU_PY) -m ssd_core.dev.gpu_check --json $(GPU_CHECK_JSON)
+	$(GPU_PY) -m tools.gpu_check --json $(GPU_CHECK_JSON)

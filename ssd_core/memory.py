@@ -4,7 +4,7 @@ The user's choice becomes from_pretrained arguments here: `quantization_config` 
 leaves the modules the engine reads directly in full precision (the image-token head it slices, the image
 embeddings and aligners, the pixel decoder), and a `device_map` ("auto" with a `max_memory` budget taken
 from the free VRAM). A choice that cannot work on this machine is an SSDError naming what to install or pick.
-`python -m ssd_core.dev.memory_table` prints the weights' memory of the released models at each quantization.
+`python -m tools.memory_table` prints the weights' memory of the released models at each quantization.
 
 Under offload accelerate fills the GPU in module order, so the vocabulary head (the last module) is the first
 to leave it. It is not pinned to the GPU: the families read only its image rows, which their ImageRowsHead

@@ -17,7 +17,7 @@ SCHEDULE = [((4, 1), (2, 2)), ((3, 3), (5, 0)), ((1, 0), (4, 4)), ((5, 2), (1, 1
 def _model(family: str, tmp_path):
     if family == "llama-grid":
         return ssd_core.load_model(make_llama_grid(tmp_path / "m", grid=(4, 5), row_end=True))
-    from ssd_core.dev.random_models import random_model
+    from tools.random_models import random_model
 
     return random_model(family, TINY_SHAPES[family], device="cpu", dtype=torch.float32,
                         grid=None if family == "janus" else (4, 4))

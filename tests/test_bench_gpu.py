@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ssd_core.dev import bench_gpu
+from tools import bench_gpu
 
 
 def test_bench_gpu_dry_run_reports_both_modes(tmp_path, capsys):

@@ -111,7 +111,7 @@ def test_the_sync_checker_catches_a_device_read_in_the_forward(fp32, sync_checke
 def test_no_host_sync_inside_a_step_forward_on_cuda(sync_checker, mode):
     from tiny_families import TINY_SHAPES
 
-    from ssd_core.dev.random_models import random_model
+    from tools.random_models import random_model
 
     bundled = ssd_core.load_model("reference", dtype="fp32", device="cuda", compile=mode)
     janus = static_cache.enable(random_model("janus", TINY_SHAPES["janus"], device="cuda", dtype=torch.float32),

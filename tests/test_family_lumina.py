@@ -107,7 +107,7 @@ def test_random_init_of_released_shapes():
     # Chameleon's real ids: image start 8197 and the size tokens 8804 + size / 32 (at a 16-code vocabulary the
     # image tokens end earlier, so only the reserved ids can be checked)
     assert m.row_end_id == 8803 and m.turn_end_id == 8710 and m.size_ids((48, 48)) == [8828, 8828]
-    from ssd_core.dev.random_models import lumina_vocabulary
+    from tools.random_models import lumina_vocabulary
 
     full = lumina_vocabulary(65536, 8192)
     assert full["<racm3:break>"] == 8197 and full["<eoss>"] == 8196 and full["IMGIMGBAZ"] == 14

@@ -1,4 +1,4 @@
-"""`make gpu-check` (ssd_core/dev/gpu_check.py) without a GPU: it stops at once saying it needs one; its --dry
+"""`make gpu-check` (tools/gpu_check.py) without a GPU: it stops at once saying it needs one; its --dry
 run writes the one JSON with the CPU parts (the CUDA tests collected and skipped, bench-gpu's tiny CPU shape,
 gpu-memory skipped); a part past its cap is killed with its children; the run's deadline and the verdict; each
 GPU part's command and pass rule on the figures its script writes; the Makefile's .PHONY names only rules."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssd_core.dev import gpu_check
+from tools import gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_TESTS = re.findall(r"^def (test_\w+)", (ROOT / "tests" / "test_cuda.py").read_text(), re.M)

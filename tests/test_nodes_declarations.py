@@ -211,8 +211,12 @@ def test_the_package_leaves_out_what_a_user_does_not_run():
     pictures README shows (README is rewritten from time to time: keep the two in step)."""
     rules = [ln.strip() for ln in (ROOT / ".comfyignore").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
-    for left_out in ("tests/", "ssd_core/dev/", "reference_recipe/", "node_modules/", ".venv*/", "tools/", "docs/*"):
+    for left_out in ("tests/", "reference_recipe/", "node_modules/", ".venv*/", "tools/", "docs/*"):
         assert left_out in rules, left_out
+    # developer tooling lives in tools/ (left out above), never inside the runtime packages nor imported by them
+    assert not (ROOT / "ssd_core" / "dev").exists()
+    for path in [*(ROOT / "ssd_core").rglob("*.py"), *(ROOT / "nodes").rglob("*.py")]:
+        assert not re.search(r"^\s*(from|import) tools\b", path.read_text(), re.M), path
     shown = set(re.findall(r"\]\((docs/[\w./-]+\.(?:png|jpg|gif|webp))\)", (ROOT / "README.md").read_text()))
     kept = {r[1:] for r in rules if r.startswith("!docs/")}
     assert shown == kept, f"README shows {sorted(shown)}, .comfyignore keeps {sorted(kept)}: keep them in step"

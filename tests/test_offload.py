@@ -111,7 +111,7 @@ def test_real_emu3_and_lumina_shapes_put_the_head_first_off_the_gpu():
     from accelerate.utils import compute_module_sizes
     import transformers
 
-    from ssd_core.dev.memory_table import released_config
+    from tools.memory_table import released_config
     from ssd_core.families import family_class
 
     for name, family in (("Emu3-Gen", "emu3"), ("Lumina-mGPT-7B", "lumina")):

@@ -117,7 +117,7 @@ def test_quantized_janus_keeps_its_generation_head(tmp_path, monkeypatch):
 
 def test_weights_table_counts_the_released_shapes():
     """Meta-device counts of the released configs (no download): the parameter counts of the model cards."""
-    from ssd_core.dev.memory_table import released_counts
+    from tools.memory_table import released_counts
 
     janus7 = released_counts("Janus-Pro-7B")
     assert 7.3e9 < janus7["params"] < 7.5e9

@@ -7,7 +7,7 @@ import torch
 
 REF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ssd_core", "reference")
 MODEL = os.path.join(REF, "model")
-HELDOUT = os.path.join(REF, "heldout_tokens.safetensors")
+HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heldout_tokens.safetensors")
 
 KEYS = {"family", "grid", "image_token_start", "image_vocab_size", "row_end_token", "num_classes",
         "class_token_start", "null_class_token", "vq_decoder", "class_names", "default_cfg",

@@ -65,7 +65,7 @@ def test_one_cache_serves_every_generation_and_crop_moves_the_valid_length(dynam
 def test_static_cache_on_a_family_model():
     from tiny_families import TINY_SHAPES
 
-    from ssd_core.dev.random_models import random_model
+    from tools.random_models import random_model
 
     model = random_model("janus", TINY_SHAPES["janus"], device="cpu", dtype=torch.float32)
     heads = ssd_core.DraftHeads.for_model(model)

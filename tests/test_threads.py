@@ -49,7 +49,7 @@ def test_the_bundled_model_is_small(monkeypatch):
 
 
 def test_threads_bench_runs_at_the_count_it_names_beside_busy_loops_and_restores_the_rule(capsys, two_threads):
-    from ssd_core.dev import threads_bench
+    from tools import threads_bench
 
     rule = threads.sampling_threads
     counts = []

@@ -9,7 +9,7 @@ from ssd_core.errors import SSDError
 from ssd_core.yardstick import DEFAULT_PATH, frechet_distance, gaussian, load_yardstick
 
 MODEL = DEFAULT_PATH.parent
-HELDOUT = MODEL.parent / "heldout_tokens.safetensors"
+HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heldout_tokens.safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -255,7 +255,7 @@ def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int,
     return results
 
 
-# ---- random-weight models of given shapes (ssd_core/dev/random_models.py, here at tiny shapes) ---------------
+# ---- random-weight models of given shapes (tools/random_models.py, here at tiny shapes) ---------------
 TINY_SHAPES = {
     "janus": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
               "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 300,
@@ -274,7 +274,7 @@ def check_random_init(cls, family: str, grid, full_sizes: dict):
     """A random-weight model at tiny shapes generates from token-id prompts (no tokenizer); the released shapes count the
     expected parameters (on the meta device)."""
     import ssd_core
-    from ssd_core.dev import random_models
+    from tools import random_models
 
     m = random_models.random_model(family, TINY_SHAPES[family], device="cpu", dtype=torch.float32,
                                    grid=None if family == "janus" else grid)

@@ -1,7 +1,7 @@
 """The measurement behind the thread rule (ssd_core/threads.py): the bundled model's wall for one image at
 1 and 2 intra-op threads, on an idle machine and with busy-loop processes beside it (a loaded machine).
 
-    python -m ssd_core.dev.threads_bench [--decoders ar,ssd-exact] [--loads 0,1] [--threads 1,2] [--repeats 3]
+    python -m tools.threads_bench [--decoders ar,ssd-exact] [--loads 0,1] [--threads 1,2] [--repeats 3]
 
 Prints one row per (load, decoder, threads): median / min / max wall over the repeats, and the ratio to
 one thread. The busy loops are plain Python processes (one core each), killed at the end.
@@ -24,8 +24,8 @@ def busy_processes(count: int) -> list[subprocess.Popen]:
 
 
 def wall_of_one_image(model, heads, decoder: str, threads: int, seed: int, grid) -> float:
-    from .. import api
-    from .. import threads as thread_rule
+    from ssd_core import api
+    from ssd_core import threads as thread_rule
 
     keep = thread_rule.sampling_threads
     thread_rule.sampling_threads = lambda _model: None  # measure the count we set, not the rule's
@@ -39,10 +39,10 @@ def wall_of_one_image(model, heads, decoder: str, threads: int, seed: int, grid)
 
 
 def main(argv=None) -> int:
-    from .. import load_heads, load_model
-    from ..trace import parse_grid
+    from ssd_core import load_heads, load_model
+    from ssd_core.trace import parse_grid
 
-    p = argparse.ArgumentParser(prog="python -m ssd_core.dev.threads_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.threads_bench", description=__doc__.splitlines()[0])
     p.add_argument("--decoders", default="ar,ssd-exact")
     p.add_argument("--loads", default="0,1", help="busy-loop processes beside the run, per row set")
     p.add_argument("--threads", default="1,2")

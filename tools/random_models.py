@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..families.emu3 import IMAGE_END as EMU3_IMAGE_END
-from ..families.emu3 import IMAGE_START as EMU3_IMAGE_START
-from ..families.emu3 import IMAGE_WRAPPER
-from ..families.lumina import IMAGE_END as LUMINA_IMAGE_END
-from ..families.lumina import IMAGE_START as LUMINA_IMAGE_START
+from ssd_core.families.emu3 import IMAGE_END as EMU3_IMAGE_END
+from ssd_core.families.emu3 import IMAGE_START as EMU3_IMAGE_START
+from ssd_core.families.emu3 import IMAGE_WRAPPER
+from ssd_core.families.lumina import IMAGE_END as LUMINA_IMAGE_END
+from ssd_core.families.lumina import IMAGE_START as LUMINA_IMAGE_START
 
 JANUS_BOS_ID, JANUS_PAD_ID, JANUS_BOI_ID = 100000, 100002, 100016  # Janus-Pro's ids
 
@@ -117,7 +117,7 @@ def random_config(family: str, shapes):
 
 
 def _model_class(family: str):
-    from ..families import family_class
+    from ssd_core.families import family_class
     import transformers
 
     return getattr(transformers, family_class(family).transformers_class)
@@ -134,7 +134,7 @@ def build_random(model_cls, config, device="cpu", dtype=torch.bfloat16, seed: in
 def random_model(family: str, shapes, device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None, vqgan=None):
     """A GridModel of `family` with random weights of `shapes`; `grid` (emu3, lumina) and `vqgan` (lumina) as
     the family's load options."""
-    from ..families import family_class
+    from ssd_core.families import family_class
 
     config = random_config(family, shapes)
     model = build_random(_model_class(family), config, device, dtype, seed)

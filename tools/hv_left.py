@@ -1,8 +1,8 @@
 """Hv's inputs beyond the row above, measured on equal terms (fresh weights, Smooth-L1 + KL of the guided
 distributions, the same steps and grids): the held-out expected acceptance of Hv on the bundled model.
 
-    python -m ssd_core.dev.hv_left GRIDS HELDOUT_GRIDS N STEPS FORMS
-    python -m ssd_core.dev.hv_left build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 plain,left,left+right
+    python -m tools.hv_left GRIDS HELDOUT_GRIDS N STEPS FORMS
+    python -m tools.hv_left build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 plain,left,left+right
 
 Every form reads the cell above the drafted cell (vertical_shift 1) and its token; then
   plain:        nothing else (the previous shipped form)
@@ -16,14 +16,14 @@ Every form reads the cell above the drafted cell (vertical_shift 1) and its toke
 Parts join with +, e.g. left2+right+ul.
 A form may end in modifiers: `:tv` trains on Smooth-L1 + 2 (1 - sum min(p, q)) (the expected rejection)
 instead of Smooth-L1 + KL, `:kltv` on all three, `:wide` gives Hv a 4x wider MLP (`:wide8` 8x), e.g.
-    python -m ssd_core.dev.hv_left build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 left+right:tv,left+right:wide,left+right:tv:wide
+    python -m tools.hv_left build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 left+right:tv,left+right:wide,left+right:tv:wide
 (features of the first N shuffled grids are stored beside GRIDS as GRIDS.hvN.safetensors and reused, as
-ssd_core.dev.hv_input does)."""
+tools.hv_input does)."""
 import sys
 
 import torch
 
-from ssd_core.dev.hv_input import bundled, fit, stored_features
+from tools.hv_input import bundled, fit, stored_features
 from ssd_core.heads import DraftHead
 
 PARTS = {"plain": 0, "left": 1, "left2": 2, "left3": 3, "rtoken": 1, "right": 2, "ul": 2}  # inputs each adds

@@ -1,7 +1,7 @@
 """The reference example workflow's thumbnail: what its three samplers make (ar | ssd-exact | ssd, the same
 prompt and seed, the model's defaults), each image above its status grid.
 
-  python -m ssd_core.dev.thumbnail [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
+  python -m tools.thumbnail [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
 """
 from __future__ import annotations
 

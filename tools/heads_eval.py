@@ -1,5 +1,5 @@
 """Held-out expected acceptance of heads files on the bundled model, Hv on fresh and stale inputs:
-python -m ssd_core.dev.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
+python -m tools.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
 import json, sys, torch, ssd_core
 from ssd_core.acceptance import heads_acceptance
 from ssd_core.sampling import settings_from

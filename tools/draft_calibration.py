@@ -1,6 +1,6 @@
 """Draft-side calibration, measured (not used by the pack): held-out expected acceptance sum min(p, q) and the
 Gumbel-coupled match rate of the heads' drafts when q is made with its own guidance scale and temperature:
-python -m ssd_core.dev.draft_calibration GRIDS.safetensors HEADS.safetensors"""
+python -m tools.draft_calibration GRIDS.safetensors HEADS.safetensors"""
 import sys
 from dataclasses import replace
 

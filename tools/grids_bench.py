@@ -1,5 +1,5 @@
 """train-heads' grid sampling (batched AR with CFG) on the static cache, as it runs, against the same loop on
-the dynamic cache: python -m ssd_core.dev.grids_bench [N] (N grids in one batch, default 32; bundled model)."""
+the dynamic cache: python -m tools.grids_bench [N] (N grids in one batch, default 32; bundled model)."""
 import sys, time
 
 import ssd_core

@@ -2,8 +2,8 @@
 directly above the drafted cell). Hv only, Smooth-L1 + KL of the guided distributions, same init, same steps;
 prints the held-out expected acceptance of Hv. On the bundled model:
 
-    python -m ssd_core.dev.hv_input GRIDS HELDOUT_GRIDS N STEPS fresh|shipped [INTERMEDIATE [SHIFTS [KL_WEIGHTS]]]
-    python -m ssd_core.dev.hv_input build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 fresh
+    python -m tools.hv_input GRIDS HELDOUT_GRIDS N STEPS fresh|shipped [INTERMEDIATE [SHIFTS [KL_WEIGHTS]]]
+    python -m tools.hv_input build/heads/data_grids.safetensors build/heads/heldout_grids.safetensors 800 400 fresh
 
 (features of the first N shuffled grids are stored beside GRIDS as GRIDS.hvN.safetensors and reused).
 KL_WEIGHTS (default 1): comma list of weights of the KL term, e.g. 1,0 (0: Smooth-L1 on features only)."""
@@ -109,7 +109,7 @@ def main():
     shipped = ssd_core.load_heads("reference", m)
     if init == "shipped" and (shipped.vertical_left or inter != shipped.intermediate):
         sys.exit("'shipped' starts from the bundled Hv, which must be a plain Hv of the same size: these heads' Hv "
-                 "reads the token on its left (vertical_left); use 'fresh' (or ssd_core.dev.hv_left)")
+                 "reads the token on its left (vertical_left); use 'fresh' (or tools.hv_left)")
     res = {}
     for shift, kl in [(sh, k) for sh in shifts for k in kls]:
         torch.manual_seed(0)  # the same fresh weights for every setting

@@ -1,7 +1,7 @@
 """On a CUDA GPU: the weights' memory and the peak memory of one generation at each quantization, on a
 random-weight model of a released shape (no download). `make gpu-memory` runs it:
 
-    python -m ssd_core.dev.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit
+    python -m tools.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit
 
 The random model is saved once as safetensors (bf16) into --folder, then loaded through load_model with each
 quantization (bitsandbytes quantizes while loading, as it does for the real checkpoint).
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..families import family_class
-from .memory_table import RELEASED
-from .random_models import random_model
+from ssd_core.families import family_class
+from tools.memory_table import RELEASED
+from tools.random_models import random_model
 
 
 def save_random(shapes: str, folder: Path) -> Path:
@@ -61,7 +61,7 @@ def measure(folder: Path, family: str, quantization: str, draft_rows: int = 3) -
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ssd_core.dev.peak_memory", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tools.peak_memory", description=__doc__)
     p.add_argument("--shapes", default="Janus-Pro-7B", choices=list(RELEASED))
     p.add_argument("--quantizations", default="none,8-bit,4-bit")
     p.add_argument("--folder", default=None, help="where to keep the random model (default: a temporary folder)")

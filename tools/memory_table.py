@@ -1,12 +1,12 @@
 """The weights' memory of the released models at each quantization, from meta-device inits of their configs
-(no download): `python -m ssd_core.dev.memory_table` prints docs/models-and-memory.md's table."""
+(no download): `python -m tools.memory_table` prints docs/models-and-memory.md's table."""
 from __future__ import annotations
 
 import torch
 
-from ..families import family_class
-from ..memory import KEEP_FULL, QUANTIZATIONS
-from .random_models import random_config
+from ssd_core.families import family_class
+from ssd_core.memory import KEEP_FULL, QUANTIZATIONS
+from tools.random_models import random_config
 
 
 def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int:

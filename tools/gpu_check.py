@@ -1,15 +1,15 @@
 """`make gpu-check`: every check that needs a CUDA GPU, in one run of under 8 minutes, into one JSON.
 
-  python -m ssd_core.dev.gpu_check                         # on a CUDA machine (make gpu-check): .work/gpu_check.json
-  python -m ssd_core.dev.gpu_check --dry --json dry.json   # the same run's CPU parts, in about half a minute
+  python -m tools.gpu_check                         # on a CUDA machine (make gpu-check): .work/gpu_check.json
+  python -m tools.gpu_check --dry --json dry.json   # the same run's CPU parts, in about half a minute
 
 Parts, in this order, each in its own process group with a time cap; the whole run ends by --deadline (460 s):
   cuda-tests  pytest tests/test_cuda.py: ssd-exact == ar in fp32, the static and the compiled cache give ar's
               tokens in fp32, bf16 runs every decoder, no host sync inside a step forward, no synchronize per
               step, peak memory figures (on the CPU every one skips, saying it needs a CUDA GPU)
-  bench-gpu   `make bench-gpu` (ssd_core.dev.bench_gpu): a random Janus-Pro-7B-shaped model in bf16, eager and
+  bench-gpu   `make bench-gpu` (tools.bench_gpu): a random Janus-Pro-7B-shaped model in bf16, eager and
               compiled, with three compiled buckets so that the compiles fit the cap (--dry: its tiny CPU shape)
-  gpu-memory  `make gpu-memory` (ssd_core.dev.peak_memory): weights and peak memory of one ssd-exact generation
+  gpu-memory  `make gpu-memory` (tools.peak_memory): weights and peak memory of one ssd-exact generation
               per quantization (8-bit and 4-bit only where bitsandbytes is installed; --dry: skipped)
 
 The JSON: pass (every part passed; in --dry, every part passed or skipped for want of CUDA), dry, env (python,
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 460.0  # the whole run, under 8 minutes with the interpreter's start and the JSON
 CAPS_S = {"cuda-tests": 170.0, "bench-gpu": 170.0, "gpu-memory": 120.0}  # each part's own limit
 MIN_PART_S = 20.0  # a part with less time than this left is skipped, not started
@@ -49,7 +49,7 @@ TAIL_LINES = 40
 def no_cuda_message() -> str:
     built = torch.version.cuda or "none"
     return (f"error: make gpu-check {NO_CUDA}: torch {torch.__version__} (built with CUDA {built}) sees none "
-            "here; run it on a machine with an NVIDIA GPU, or `python -m ssd_core.dev.gpu_check --dry` for its "
+            "here; run it on a machine with an NVIDIA GPU, or `python -m tools.gpu_check --dry` for its "
             "CPU parts")
 
 
@@ -153,7 +153,7 @@ def part_cuda_tests(dry: bool, cap: float, work: Path, log) -> dict:
 
 def part_bench_gpu(dry: bool, cap: float, work: Path, log) -> dict:
     out = work / "bench_gpu.json"
-    argv = [sys.executable, "-m", "ssd_core.dev.bench_gpu", "--json", str(out)]
+    argv = [sys.executable, "-m", "tools.bench_gpu", "--json", str(out)]
     if dry:
         argv.append("--dry")
     else:  # bench_gpu's budget starts after the 7B model is built (about a minute with the first CUDA work)
@@ -185,7 +185,7 @@ def part_gpu_memory(dry: bool, cap: float, work: Path, log) -> dict:
         else:
             wanted.append(q)
     out = work / "peak_memory.json"
-    argv = [sys.executable, "-m", "ssd_core.dev.peak_memory", "--shapes", MEMORY_SHAPES, "--quantizations",
+    argv = [sys.executable, "-m", "tools.peak_memory", "--shapes", MEMORY_SHAPES, "--quantizations",
             ",".join(wanted), "--folder", str(ROOT / ".work" / "peak"), "--json", str(out)]
     run = run_process(argv, cap, log)
     rows = json.loads(out.read_text()).get("rows", []) if out.is_file() else []
@@ -205,7 +205,7 @@ def verdict(parts: dict, dry: bool) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ssd_core.dev.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--dry", action="store_true", help="the CPU parts only (no CUDA needed): tests skip, bench-gpu "
                    "runs its tiny CPU shape, gpu-memory is skipped")
     p.add_argument("--json", default=".work/gpu_check.json", help="the one JSON to write (default "

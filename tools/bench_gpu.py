@@ -6,8 +6,8 @@ ssd-exact, sjd) eager and compiled: steps, wall, ms per step, the step and wall 
 memory; compile time is shown apart. Random weights: acceptance (so the steps of ssd and sjd) says nothing
 about a trained model; the cost of a step, eager vs compiled, does.
 
-  python -m ssd_core.dev.bench_gpu          # on a CUDA machine, no edit needed (make bench-gpu)
-  python -m ssd_core.dev.bench_gpu --dry    # the same code on the CPU at a tiny shape, in seconds (a test runs it)
+  python -m tools.bench_gpu          # on a CUDA machine, no edit needed (make bench-gpu)
+  python -m tools.bench_gpu --dry    # the same code on the CPU at a tiny shape, in seconds (a test runs it)
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from .. import static_cache
-from ..api import generate
-from ..heads import DraftHeads
-from .random_models import random_model
+from ssd_core import static_cache
+from ssd_core.api import generate
+from ssd_core.heads import DraftHeads
+from tools.random_models import random_model
 
 DECODERS = ("ar", "ssd", "ssd-exact", "sjd")
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -77,7 +77,7 @@ def run_decoders(model, heads, seed: int, log) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ssd_core.dev.bench_gpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench_gpu", description=__doc__.splitlines()[0])
     p.add_argument("--dry", action="store_true", help="CPU, tiny shape, torch.compile backend 'eager' (seconds)")
     p.add_argument("--shapes", default="Janus-Pro-7B")
     p.add_argument("--budget", type=float, default=540.0, help="seconds after the build; later parts are skipped")
