@@ -4,14 +4,14 @@ ComfyUI reads ``comfy_entrypoint`` (re-exported by the pack's root ``__init__``)
 nodes. Their ids (``SSDLoadModel`` ...) and input order are those of the classic nodes they replaced, so saved
 workflows load and run unchanged."""
 
-from . import _comfy
+from . import _folders, _routes
 from ._io import STAND_IN, ComfyExtension, io
 from .loaders import SSDLoadHeads, SSDLoadModel, SSDModel
 from .sampler import SSDSampler
 from .trace import SSDTraceToImage
 
-_comfy.register_folders()
-_comfy.register_routes()
+_folders.register_folders()
+_routes.register_routes()
 
 NODE_LIST = [SSDLoadModel, SSDLoadHeads, SSDSampler, SSDTraceToImage]
 NODES = {cls.define_schema().node_id: cls for cls in NODE_LIST}  # node id -> class

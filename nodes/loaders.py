@@ -5,7 +5,7 @@
 from .. import ssd_core
 from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
 from ..ssd_core.static_cache import MODES as COMPILE_MODES
-from . import _comfy
+from . import _devices, _folders, _patcher
 from ._io import io
 from .types import CATEGORY, SSD_MODEL, check_choices
 
@@ -43,7 +43,7 @@ class SSDLoadModel(io.ComfyNode):
                          "that comes with this pack (runs anywhere, right after install); others are "
                          "transformers-format folders (with config.json) placed in ComfyUI/models/ssd_models."),
             inputs=[
-                io.Combo.Input("model", options=_comfy.model_choices(), default=_comfy.BUNDLED,
+                io.Combo.Input("model", options=_folders.model_choices(), default=_folders.BUNDLED,
                                tooltip="reference (bundled) or a folder under models/ssd_models holding a config.json"),
                 io.Combo.Input("dtype", options=DTYPES, default="auto",
                                tooltip="auto = the model's own choice for the device; float32 = ssd-exact gives plain AR's picture pixel "
@@ -79,18 +79,18 @@ class SSDLoadModel(io.ComfyNode):
 
         if dtype not in DTYPES:
             raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
-        dev = _comfy.torch_device(device)
-        path = _comfy.resolve_model(model)
-        _comfy.make_room(_comfy.weights_bytes(path), dev)
+        dev = _devices.torch_device(device)
+        path = _folders.resolve_model(model)
+        _devices.make_room(_folders.weights_bytes(path), dev)
         try:
             loaded = ssd_core.load_model(path, dtype=dtype, device=dev, quantization=quantization, offload=offload,
-                                         free_bytes=_comfy.free_vram(dev) if offload == "auto" else None,
+                                         free_bytes=_devices.free_vram(dev) if offload == "auto" else None,
                                          compile=compile)
-            patcher = _comfy.manage(loaded, dev)
+            patcher = _patcher.manage(loaded, dev)
         except torch.OutOfMemoryError:
-            _comfy.soft_empty_cache()
+            _devices.soft_empty_cache()
             raise out_of_memory("loading the model") from None
-        return (SSDModel(loaded, None, model, _comfy.NO_HEADS, patcher),)
+        return (SSDModel(loaded, None, model, _folders.NO_HEADS, patcher),)
 
 
 class SSDLoadHeads(io.ComfyNode):
@@ -105,7 +105,7 @@ class SSDLoadHeads(io.ComfyNode):
                          "zipar do not use them. 'reference' = the heads of the bundled reference model."),
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
-                io.Combo.Input("heads", options=_comfy.heads_choices(), default=_comfy.BUNDLED,
+                io.Combo.Input("heads", options=_folders.heads_choices(), default=_folders.BUNDLED,
                                tooltip="a heads file in models/ssd_heads made for the loaded model; reference = the "
                                        "bundled model's; none = no heads"),
                 io.String.Input("hub_repo", default="", optional=True,
@@ -133,15 +133,15 @@ class SSDLoadHeads(io.ComfyNode):
         if not isinstance(ssd_model, SSDModel):
             raise ssd_core.SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)'.")
         if hub_repo and hub_repo.strip():
-            folders = _comfy.folder_dirs(_comfy.HEADS_KEY)
+            folders = _folders.folder_dirs(_folders.HEADS_KEY)
             if not folders:
                 raise ssd_core.SSDError("no ssd_heads folder is known to keep Hub heads in (ComfyUI's "
                                         "models/ssd_heads, or SSD_HEADS_DIR outside ComfyUI)")
             path = ssd_core.hub_file(hub_repo, hub_file, folders[0], download=bool(download))
             heads = f"{hub_repo.strip()}/{hub_file.strip()}"
-        elif heads == _comfy.NO_HEADS:
+        elif heads == _folders.NO_HEADS:
             return (ssd_model.with_heads(None, heads),)
         else:
-            path = _comfy.resolve_heads(heads)
+            path = _folders.resolve_heads(heads)
         loaded = ssd_core.load_heads(path, ssd_model.model)
         return (ssd_model.with_heads(loaded, heads),)

@@ -11,8 +11,7 @@ from .. import ssd_core
 from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads, without_heads
 from ..ssd_core.families import families_with_negative_prompts
 from ..ssd_core.memory import out_of_memory
-from ..ssd_core.families.llama_grid import class_index
-from . import _comfy, grids
+from . import _devices, _patcher, _progress, grids
 from . import trace as trace_mod
 from ._io import io
 from .loaders import SSDModel
@@ -22,13 +21,6 @@ SSDError = ssd_core.SSDError
 AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p
 PREVIEW_INTERVAL_S = 0.25
 MAX_BATCH = 16
-
-
-def resolve_prompt(model, text):
-    """Class-conditional models take a class name or index (resolved by the engine); text models the text."""
-    names = getattr(model, "class_names", None)
-    text = "" if text is None else str(text)
-    return text if names is None else class_index(names, text)
 
 
 def _auto(value, cast, name):
@@ -158,23 +150,12 @@ class SSDSampler(io.ComfyNode):
     def sample(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
                negative_prompt="", batch_size=1, min_p=AUTO, unique_id=None):
-        if not isinstance(ssd_model, SSDModel):
-            raise SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)' "
-                           "(or 'Load SSD Heads').")
-        model = ssd_model.model
-        if decoder not in ssd_core.DECODERS:
-            raise SSDError(f"unknown decoder '{decoder}': pick one of {', '.join(ssd_core.DECODERS)}.")
-        if needs_heads(decoder) and ssd_model.heads is None:
-            raise SSDError(f"decoder '{decoder}' drafts with heads: add a 'Load SSD Heads' node between the "
-                           f"model loader and this sampler, or pick decoder {without_heads()}.")
-        if negative_prompt and negative_prompt.strip() and not getattr(model, "negative_prompts", False):
-            raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: clear it "
-                           f"(only {', '.join(families_with_negative_prompts())} models take one).")
+        model = _check(ssd_model, decoder, negative_prompt)
         kwargs = dict(
-            prompt=resolve_prompt(model, prompt),
+            # a class-conditional model takes a class name or index: the family resolves it (GridModel.build_prompt)
+            prompt="" if prompt is None else str(prompt),
             negative_prompt=negative_prompt or "",
             decoder=decoder,
-            seed=int(seed),
             cfg=_auto(cfg, float, "cfg"),
             temperature=_auto(temperature, float, "temperature"),
             top_k=_auto(top_k, int, "top_k"),
@@ -188,65 +169,93 @@ class SSDSampler(io.ComfyNode):
         n = int(batch_size)
         if not 1 <= n <= MAX_BATCH:
             raise SSDError(f"batch_size must be from 1 to {MAX_BATCH}, got {batch_size}.")
-
-        h, w = kwargs["grid"] or tuple(model.default_grid)
-        progress = _comfy.Progress(n * h * w, unique_id)
-        preview = _Preview(model)
-        finals = [0] * n  # final cells per image
-        turn = [0]  # the image whose live grid goes out next (round robin)
-        t0 = time.monotonic()
-
-        def on_step(p):
-            finals[p.image] = int(p.final_cells)
-            shown = preview.image(p.tokens) if progress.bar is not None and p.image == 0 else None
-            progress.update(sum(finals), n * h * w, _jpeg(shown))
-            if progress.server is not None and p.image == turn[0] and progress.due():
-                progress.send("ssd.grid", {**trace_mod.live(p, decoder, time.monotonic() - t0), "image": p.image,
-                                           "images": n})
-                turn[0] = (turn[0] + 1) % n
-
+        live = _Live(model, n, kwargs["grid"] or tuple(model.default_grid), decoder, unique_id)
         try:
-            _comfy.load_to_device(ssd_model.patcher)  # back on the GPU if ComfyUI unloaded it
+            _patcher.load_to_device(ssd_model.patcher)  # back on the GPU if ComfyUI unloaded it
             if heads is not None:
                 heads.to(model.device)
             if n == 1:
-                results = [ssd_core.generate(model, heads, on_step=on_step,
-                                             should_cancel=_comfy.processing_interrupted, **kwargs)]
+                results = [ssd_core.generate(model, heads, seed=int(seed), on_step=live.on_step,
+                                             should_cancel=_devices.processing_interrupted, **kwargs)]
             else:
-                seed = kwargs.pop("seed")
-                results = ssd_core.generate_batch(model, heads, seeds=[(seed + i) % 2**64 for i in range(n)], batch_size=n,
-                                                  on_step=on_step, should_cancel=_comfy.processing_interrupted,
-                                                  **kwargs)
+                results = ssd_core.generate_batch(model, heads, seeds=[(int(seed) + i) % 2**64 for i in range(n)],
+                                                  batch_size=n, on_step=live.on_step,
+                                                  should_cancel=_devices.processing_interrupted, **kwargs)
         except ssd_core.Cancelled:
-            raise _comfy.interrupt_exception()("SSD sampling was cancelled") from None
+            raise _devices.interrupt_exception()("SSD sampling was cancelled") from None
         except torch.OutOfMemoryError:
-            _comfy.soft_empty_cache()
+            _devices.soft_empty_cache()
             raise out_of_memory("sampling") from None
+        return _outputs(results, getattr(model, "dtype", None), live.progress)
 
-        fulls, smalls, notes, images = [], [], [], []
-        for i, result in enumerate(results):
-            full = result.trace.to_dict()
-            small = trace_mod.compact(full, done=True)
-            if n > 1:
-                small.update(image=i, images=n)
-            if result.image is not None:
-                images.append(_to_image(result.image))
-                notes.append("")
-            else:
-                images.append(trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"]))))
-                notes.append(" | this model has no pixel decoder here: the image shows the token grid")
-            fulls.append(full)
-            smalls.append(small)
-        for small in smalls:
-            progress.send("ssd.grid", small, force=True)
-        dtype = getattr(model, "dtype", None)
-        if n == 1:
-            head, detail = trace_mod.stats_text(fulls[0], dtype).split("\n")
-            stats = head + notes[0] + "\n" + detail
+
+def _check(ssd_model, decoder, negative_prompt):
+    """The engine model of an SSD_MODEL input, once the decoder, its heads and the negative prompt suit it."""
+    if not isinstance(ssd_model, SSDModel):
+        raise SSDError("the ssd_model input must come from 'Load AR Image Model (SSD)' "
+                       "(or 'Load SSD Heads').")
+    model = ssd_model.model
+    if decoder not in ssd_core.DECODERS:
+        raise SSDError(f"unknown decoder '{decoder}': pick one of {', '.join(ssd_core.DECODERS)}.")
+    if needs_heads(decoder) and ssd_model.heads is None:
+        raise SSDError(f"decoder '{decoder}' drafts with heads: add a 'Load SSD Heads' node between the "
+                       f"model loader and this sampler, or pick decoder {without_heads()}.")
+    if negative_prompt and negative_prompt.strip() and not getattr(model, "negative_prompts", False):
+        raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: clear it "
+                       f"(only {', '.join(families_with_negative_prompts())} models take one).")
+    return model
+
+
+class _Live:
+    """What the user sees while a run goes: ComfyUI's progress bar with a preview of the first image, and the
+    widget's live grid of each image in turn (round robin)."""
+
+    def __init__(self, model, n, grid, decoder, unique_id):
+        h, w = grid
+        self.total, self.n, self.decoder = n * h * w, n, decoder
+        self.progress = _progress.Progress(self.total, unique_id)
+        self.preview = _Preview(model)
+        self.finals = [0] * n  # final cells per image
+        self.turn = 0  # the image whose live grid goes out next
+        self.t0 = time.monotonic()
+
+    def on_step(self, p):
+        self.finals[p.image] = int(p.final_cells)
+        shown = self.preview.image(p.tokens) if self.progress.bar is not None and p.image == 0 else None
+        self.progress.update(sum(self.finals), self.total, _jpeg(shown))
+        if self.progress.server is not None and p.image == self.turn and self.progress.due():
+            self.progress.send("ssd.grid", {**trace_mod.live(p, self.decoder, time.monotonic() - self.t0),
+                                            "image": p.image, "images": self.n})
+            self.turn = (self.turn + 1) % self.n
+
+
+def _outputs(results, dtype, progress):
+    """The node's outputs of a run: images (the token grid drawn when the model has no pixel decoder), the
+    trace (a list for a batch) and the stats text; each image's final grid goes to the widget."""
+    n = len(results)
+    fulls, smalls, notes, images = [], [], [], []
+    for i, result in enumerate(results):
+        full = result.trace.to_dict()
+        small = trace_mod.compact(full, done=True)
+        if n > 1:
+            small.update(image=i, images=n)
+        if result.image is not None:
+            images.append(_to_image(result.image))
+            notes.append("")
         else:
-            stats = trace_mod.batch_stats_text(fulls, dtype, notes)
-        trace = fulls[0] if n == 1 else fulls
-        return {"ui": {"ssd_trace": smalls}, "result": (torch.cat(images), trace, stats)}
+            images.append(trace_mod.render(full, cell_size=max(1, 512 // max(full["grid"]))))
+            notes.append(" | this model has no pixel decoder here: the image shows the token grid")
+        fulls.append(full)
+        smalls.append(small)
+    for small in smalls:
+        progress.send("ssd.grid", small, force=True)
+    if n == 1:
+        head, detail = trace_mod.stats_text(fulls[0], dtype).split("\n")
+        stats = head + notes[0] + "\n" + detail
+    else:
+        stats = trace_mod.batch_stats_text(fulls, dtype, notes)
+    trace = fulls[0] if n == 1 else fulls
+    return {"ui": {"ssd_trace": smalls}, "result": (torch.cat(images), trace, stats)}
 
 
 def _jpeg(img):

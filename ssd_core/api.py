@@ -128,8 +128,8 @@ def whole_number(name: str, value) -> int:
 
 
 def check_grid_value(grid):
-    """None, 'HxW' / 'auto' (trace.parse_grid) or a (rows, columns) pair of whole numbers -> None or (H, W)."""
-    from .trace import parse_grid
+    """None, 'HxW' / 'auto' (grid_text.parse_grid) or a (rows, columns) pair of whole numbers -> None or (H, W)."""
+    from .grid_text import parse_grid
 
     if grid is None or isinstance(grid, str):
         return parse_grid(grid)

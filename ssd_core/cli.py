@@ -12,7 +12,8 @@ from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
 from .outputs import WRITTEN, check_output, check_output_dir, write_or_keep
 from .static_cache import MODES
-from .trace import parse_grid, status_image
+from .grid_text import parse_grid
+from .trace import status_image
 
 
 class _Parser(argparse.ArgumentParser):
@@ -243,6 +244,12 @@ def cmd_convert_vqgan(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m ssd_core", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_generate_parser, _train_parser, _bench_parser, _convert_parser):
+        add(sub)
+    return parser
+
+
+def _generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
@@ -252,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--status-image", default=None, help="PNG of the token-status grid")
     g.add_argument("--trace", default=None, help="trace JSON to write")
     g.set_defaults(func=cmd_generate)
+
+
+def _train_parser(sub) -> None:
     t = sub.add_parser("train-heads", help="self-distil the draft heads for a model")
     _sampler_flags(t)
     t.add_argument("--out", required=True)
@@ -294,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]; "
                    "comma-separated files are joined) instead of sampling the model")
     t.set_defaults(func=cmd_train)
+
+
+def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
@@ -311,11 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
                    "vs one at a time, and identical_to_ar over both)")
     b.set_defaults(func=cmd_bench)
+
+
+def _convert_parser(sub) -> None:
     c = sub.add_parser("convert-vqgan", help="Lumina-mGPT / Chameleon vqgan.ckpt -> safetensors")
     c.add_argument("src")
     c.add_argument("dst")
     c.set_defaults(func=cmd_convert_vqgan)
-    return parser
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from .bench import BenchOptions, _variants, run_bench
-from .trace import parse_grid
+from .grid_text import parse_grid
 
 
 class ProgressBar:

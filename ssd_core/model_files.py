@@ -133,6 +133,16 @@ def read_config(folder) -> dict:
                             f"{folder} has no config.json: it is not a transformers model folder", sizes=True)
 
 
+SSD_MODEL_JSON = "ssd_model.json"  # the pack's own description of a model folder (its family, a llama-grid's layout)
+SSD_MODEL_DOC = "see docs/models-and-memory.md, section 'ssd_model.json'"
+
+
+def read_ssd_model_json(folder, missing: str | None = None) -> dict:
+    """ssd_model.json read by read_json_object: the JSON object, or one SSDError line pointing at its documentation
+    (`missing`: the message when the file is absent)."""
+    return read_json_object(folder, SSD_MODEL_JSON, SSD_MODEL_DOC, missing)
+
+
 def check_links(folder) -> None:
     """Every entry at the top of the folder (what transformers and the tokenizer read) lies inside it."""
     folder = Path(folder)

@@ -1,14 +1,11 @@
 """What a run reports and how it is shown: how each cell became final, per-run figures, the status palette
-and status image, JSON-safe numbers, and the grid parser (the CLI, bench and the nodes all use these)."""
+and status image, JSON-safe numbers (the CLI, bench and the nodes all use these)."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import torch
-
-from .errors import SSDError
 
 STATUSES = ("pending", "ar", "accepted", "corrected", "forced")  # the order is the status code
 PENDING, AR, ACCEPTED, CORRECTED, FORCED = range(5)
@@ -22,21 +19,6 @@ def finite_or_none(x) -> float | None:
     """JSON has no Infinity / NaN (a browser refuses the whole message): an infinite NLL (a token outside
     top-k / top-p) or a NaN is written as null."""
     return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
-def parse_grid(text) -> tuple[int, int] | None:
-    """'auto' or '' -> None (the model's grid); 'HxW' or 'N' (square) -> (H, W) in tokens."""
-    t = "" if text is None else str(text).strip().lower().replace(" ", "")
-    if t in ("", "auto"):
-        return None
-    m = re.fullmatch(r"(\d+)(?:[x*,](\d+))?", t)
-    if not m:
-        raise SSDError(f"grid '{text}' is not understood: write auto, or rows x columns in tokens such as 16x16.")
-    h = int(m.group(1))
-    w = int(m.group(2)) if m.group(2) else h
-    if h <= 0 or w <= 0:
-        raise SSDError(f"grid '{text}' must be at least 1x1 tokens.")
-    return (h, w)
 
 
 @dataclass

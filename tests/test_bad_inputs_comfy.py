@@ -19,7 +19,11 @@ from conftest import ROOT, load_pack, pack_module
 nodes = load_pack()
 core = pack_module("ssd_core")
 hub = pack_module("ssd_core.hub")
-comfy_glue = pack_module("nodes._comfy")
+devices_glue = pack_module("nodes._devices")
+folders_glue = pack_module("nodes._folders")
+patcher_glue = pack_module("nodes._patcher")
+progress_glue = pack_module("nodes._progress")
+routes_glue = pack_module("nodes._routes")
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or sys.platform == "win32",
                                     reason="symlinks need privileges on Windows")
@@ -60,23 +64,23 @@ def test_lists_finish_under_link_loops_and_list_linked_models_once(tmp_path, mon
     monkeypatch.setenv("SSD_MODELS_DIR", str(models))
     monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
     start = time.monotonic()
-    done, found = finishes(lambda: (comfy_glue.model_choices(), comfy_glue.heads_choices()), 20)
+    done, found = finishes(lambda: (folders_glue.model_choices(), folders_glue.heads_choices()), 20)
     assert done, "listing model folders with link loops did not finish in 20 s (it blocks /object_info)"
     assert time.monotonic() - start < 5
     assert found[0] == ["reference", "linked", "org/Emu3-Gen"]
     assert found[1] == ["reference", "none", "ext/e.safetensors", "repo/v1/h.safetensors", "x.safetensors"]
-    assert comfy_glue.resolve_model("linked") == str(models / "linked")
+    assert folders_glue.resolve_model("linked") == str(models / "linked")
 
 
 def test_lists_stop_at_a_sane_depth(tmp_path, monkeypatch):
     models = tmp_path / "ssd_models"
     shallow = models / "a" / "b" / "c"
-    deep = models.joinpath(*[f"d{i}" for i in range(comfy_glue.MAX_DEPTH + 2)])
+    deep = models.joinpath(*[f"d{i}" for i in range(folders_glue.MAX_DEPTH + 2)])
     for d in (shallow, deep):
         d.mkdir(parents=True)
         (d / "config.json").write_text("{}")
     monkeypatch.setenv("SSD_MODELS_DIR", str(models))
-    assert comfy_glue.list_model_folders() == ["a/b/c"]
+    assert folders_glue.list_model_folders() == ["a/b/c"]
 
 
 # ---- 2. GET /ssd/models does no heavy work on the event loop ------------------------------------------------------
@@ -114,10 +118,10 @@ def test_ssd_models_route_does_not_collect_garbage_on_the_event_loop(monkeypatch
         return 0
 
     monkeypatch.setattr(gc, "collect", collect)
-    comfy_glue.register_routes()
+    routes_glue.register_routes()
     handler = routes["/ssd/models"]
     held = _Model()
-    assert comfy_glue.manage(held, "cpu") is None  # outside ComfyUI: listed, not managed
+    assert patcher_glue.manage(held, "cpu") is None  # outside ComfyUI: listed, not managed
 
     async def twenty_at_once():
         start = time.monotonic()
@@ -261,21 +265,21 @@ def test_glue_falls_back_to_its_stand_ins_when_comfy_lacks_what_it_needs(stray_c
     import comfy.utils  # the stray one
     assert not hasattr(comfy.utils, "ProgressBar")
     monkeypatch.setenv("SSD_MODELS_DIR", str(stray_comfy / "models"))
-    progress = comfy_glue.Progress(10, "7")
+    progress = progress_glue.Progress(10, "7")
     assert progress.bar is None and progress.server is None
     progress.update(5, 10)
     assert progress.send("ssd.grid", {}, force=True) is False
-    assert comfy_glue.torch_device("auto") == torch.device("cpu")
-    assert comfy_glue.processing_interrupted() is False
-    assert comfy_glue.interrupt_exception() is InterruptedError
-    assert comfy_glue.make_room(1000, torch.device("cuda")) is False
-    assert comfy_glue.free_vram(torch.device("cpu")) is None
-    comfy_glue.soft_empty_cache()
-    assert comfy_glue.folder_dirs(comfy_glue.MODELS_KEY) == [str(stray_comfy / "models")]
-    comfy_glue.register_folders()
-    comfy_glue.register_routes()
-    assert comfy_glue.manage(_Model(), "cpu") is None
-    assert isinstance(comfy_glue.held_models(), list)
+    assert devices_glue.torch_device("auto") == torch.device("cpu")
+    assert devices_glue.processing_interrupted() is False
+    assert devices_glue.interrupt_exception() is InterruptedError
+    assert devices_glue.make_room(1000, torch.device("cuda")) is False
+    assert devices_glue.free_vram(torch.device("cpu")) is None
+    devices_glue.soft_empty_cache()
+    assert folders_glue.folder_dirs(folders_glue.MODELS_KEY) == [str(stray_comfy / "models")]
+    folders_glue.register_folders()
+    routes_glue.register_routes()
+    assert patcher_glue.manage(_Model(), "cpu") is None
+    assert isinstance(patcher_glue.held_models(), list)
 
 
 def test_node_tests_pass_with_a_comfy_folder_beside_the_clone(tmp_path):

@@ -9,7 +9,7 @@ from conftest import REF_DIR, heads_missing, load_pack, pack_module
 
 nodes = load_pack()
 core = pack_module("ssd_core")
-comfy_glue = pack_module("nodes._comfy")
+folders_glue = pack_module("nodes._folders")
 REPO, FILE = "someone/ssd-heads-reference", "v1/heads.safetensors"
 
 
@@ -60,7 +60,7 @@ def test_download_takes_the_file_from_the_hf_cache_layout_then_lists_and_reuses_
     (m,) = nodes.SSDLoadHeads().load(bare, "none", hub_repo=REPO, hub_file=FILE, download=True)
     kept = heads / REPO / FILE
     assert kept.is_file() and m.heads is not None and m.heads_name == f"{REPO}/{FILE}"
-    assert f"{REPO}/{FILE}" in comfy_glue.heads_choices()  # now in the heads list too
+    assert f"{REPO}/{FILE}" in folders_glue.heads_choices()  # now in the heads list too
     reference = core.load_heads("reference", bare.model)
     assert all(torch.equal(a, b) for a, b in zip(m.heads.state_dict().values(), reference.state_dict().values()))
     shutil.rmtree(cache)  # the copy in models/ssd_heads is enough from now on, download off

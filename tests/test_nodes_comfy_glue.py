@@ -8,7 +8,8 @@ import torch
 from conftest import load_pack, pack_module
 
 nodes = load_pack()
-comfy_glue = pack_module("nodes._comfy")
+devices_glue = pack_module("nodes._devices")
+folders_glue = pack_module("nodes._folders")
 
 
 # ---- model folders --------------------------------------------------------------------------------------------
@@ -24,23 +25,23 @@ def test_model_and_heads_lists_come_from_the_folders(tmp_path, monkeypatch):
         (heads / f).write_text("x")
     monkeypatch.setenv("SSD_MODELS_DIR", str(models))
     monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
-    assert comfy_glue.model_choices() == ["reference", "Janus-Pro-7B", "org/Emu3-Gen"]
-    assert comfy_glue.heads_choices() == ["reference", "none", "janus.safetensors", "sub/emu3.safetensors"]
-    assert nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"] == comfy_glue.model_choices()
+    assert folders_glue.model_choices() == ["reference", "Janus-Pro-7B", "org/Emu3-Gen"]
+    assert folders_glue.heads_choices() == ["reference", "none", "janus.safetensors", "sub/emu3.safetensors"]
+    assert nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"] == folders_glue.model_choices()
     # a folder that is not there is refused before the run (ComfyUI calls validate_inputs), by name
     assert nodes.SSDLoadModel.validate_inputs(model="org/Emu3-Gen") is True
     msg = nodes.SSDLoadModel.validate_inputs(model="Janus-Pro-7B-missing")
     assert msg.startswith("model: 'Janus-Pro-7B-missing' is not in the list") and "org/Emu3-Gen" in msg
     assert nodes.SSDLoadHeads.validate_inputs(heads="sub/emu3.safetensors") is True
     assert "not in the list" in nodes.SSDLoadHeads.validate_inputs(heads="gone.safetensors")
-    assert comfy_glue.resolve_model("org/Emu3-Gen") == str(models / "org" / "Emu3-Gen")
-    assert comfy_glue.resolve_heads("sub/emu3.safetensors") == str(heads / "sub" / "emu3.safetensors")
+    assert folders_glue.resolve_model("org/Emu3-Gen") == str(models / "org" / "Emu3-Gen")
+    assert folders_glue.resolve_heads("sub/emu3.safetensors") == str(heads / "sub" / "emu3.safetensors")
     with pytest.raises(FileNotFoundError, match="ssd_models.*config.json"):
-        comfy_glue.resolve_model("Nope")
+        folders_glue.resolve_model("Nope")
     with pytest.raises(FileNotFoundError, match="not found"):
-        comfy_glue.resolve_model("../ssd_heads")
+        folders_glue.resolve_model("../ssd_heads")
     with pytest.raises(FileNotFoundError, match="ssd_heads"):
-        comfy_glue.resolve_heads("missing.safetensors")
+        folders_glue.resolve_heads("missing.safetensors")
 
 
 def test_register_folders_keeps_paths_from_extra_model_paths(tmp_path, monkeypatch):
@@ -49,27 +50,27 @@ def test_register_folders_keeps_paths_from_extra_model_paths(tmp_path, monkeypat
     fp.folder_names_and_paths = {"ssd_heads": (["/elsewhere/heads"], set())}
     fp.get_folder_paths = lambda key: fp.folder_names_and_paths[key][0][:]
     monkeypatch.setitem(sys.modules, "folder_paths", fp)
-    comfy_glue.register_folders()
-    comfy_glue.register_folders()  # twice is harmless
+    folders_glue.register_folders()
+    folders_glue.register_folders()  # twice is harmless
     assert fp.folder_names_and_paths["ssd_models"][0] == [str(tmp_path / "models" / "ssd_models")]
     assert fp.folder_names_and_paths["ssd_heads"][0] == [str(tmp_path / "models" / "ssd_heads"), "/elsewhere/heads"]
     assert ".safetensors" in fp.folder_names_and_paths["ssd_heads"][1]
-    assert comfy_glue.folder_dirs("ssd_models") == [str(tmp_path / "models" / "ssd_models")]
+    assert folders_glue.folder_dirs("ssd_models") == [str(tmp_path / "models" / "ssd_models")]
 
 
 def test_device_choice(fake_comfy):
-    assert comfy_glue.torch_device("auto") == torch.device("cpu")
-    assert comfy_glue.torch_device("cpu") == torch.device("cpu")
+    assert devices_glue.torch_device("auto") == torch.device("cpu")
+    assert devices_glue.torch_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
-            comfy_glue.torch_device("cuda")
+            devices_glue.torch_device("cuda")
     if not torch.backends.mps.is_available():
         with pytest.raises(ValueError, match="no Apple GPU"):
-            comfy_glue.torch_device("mps")
+            devices_glue.torch_device("mps")
     else:
-        assert comfy_glue.torch_device("mps") == torch.device("mps")
+        assert devices_glue.torch_device("mps") == torch.device("mps")
     with pytest.raises(ValueError, match="pick auto, cpu, cuda or mps"):
-        comfy_glue.torch_device("tpu")
+        devices_glue.torch_device("tpu")
 
 
 def test_make_room_asks_comfyui_to_unload_before_a_gpu_load(fake_comfy, tmp_path, monkeypatch):
@@ -77,9 +78,9 @@ def test_make_room_asks_comfyui_to_unload_before_a_gpu_load(fake_comfy, tmp_path
     sys.modules["comfy.model_management"].free_memory = lambda n, dev, keep_loaded=(): calls.append((n, str(dev)))
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
     (tmp_path / "config.json").write_text("{}")
-    assert comfy_glue.weights_bytes(str(tmp_path)) == 1000
-    assert comfy_glue.weights_bytes("reference") == 0
-    assert comfy_glue.make_room(1000, torch.device("cuda")) is True
+    assert folders_glue.weights_bytes(str(tmp_path)) == 1000
+    assert folders_glue.weights_bytes("reference") == 0
+    assert devices_glue.make_room(1000, torch.device("cuda")) is True
     assert calls == [(1200, "cuda")]
-    assert comfy_glue.make_room(1000, torch.device("cpu")) is False
-    assert comfy_glue.make_room(0, torch.device("cuda")) is False
+    assert devices_glue.make_room(1000, torch.device("cpu")) is False
+    assert devices_glue.make_room(0, torch.device("cuda")) is False

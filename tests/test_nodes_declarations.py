@@ -5,7 +5,6 @@ import json
 import re
 import sys
 import tomllib
-import types
 
 import pytest
 
@@ -13,8 +12,8 @@ from conftest import PACK, ROOT, load_pack, pack_module
 
 nodes = load_pack()
 core = pack_module("ssd_core")
-sampler_mod = pack_module("nodes.sampler")
 core_trace = pack_module("ssd_core.trace")
+grid_text = pack_module("ssd_core.grid_text")
 
 
 # ---- the package and its declarations -----------------------------------------------------------------------------
@@ -137,7 +136,7 @@ def test_pyproject_is_ready_for_the_registry():
 
 # ---- pure input handling ----------------------------------------------------------------------------------------
 def test_grid_parsing():
-    parse = core_trace.parse_grid
+    parse = grid_text.parse_grid
     assert parse("auto") is None and parse("") is None and parse(" AUTO ") is None
     assert parse("8x12") == (8, 12) and parse("16") == (16, 16) and parse("8 x 8") == (8, 8)
     for bad in ("big", "0x4", "4x"):
@@ -146,8 +145,9 @@ def test_grid_parsing():
 
 
 def test_class_prompts():
-    m = types.SimpleNamespace(class_names=["cat", "dog", "sea life", "sea bird"])
-    r = sampler_mod.resolve_prompt
+    """A class-conditional family reads a class name, index or unique part (the sampler passes the text on)."""
+    m = ["cat", "dog", "sea life", "sea bird"]
+    r = pack_module("ssd_core.families.llama_grid").class_index
     assert r(m, "cat") == 0 and r(m, " DOG ") == 1 and r(m, "2") == 2 and r(m, "life") == 2
     with pytest.raises(core.SSDError, match="several classes"):
         r(m, "sea")
@@ -157,7 +157,6 @@ def test_class_prompts():
         r(m, "9")
     with pytest.raises(core.SSDError, match="class name or index"):
         r(m, "  ")
-    assert r(types.SimpleNamespace(class_names=None), "a fox") == "a fox"
 
 
 DOCS = ROOT / "web" / "docs"

@@ -9,7 +9,7 @@ from conftest import SMALL, load_pack, pack_module, run
 
 nodes = load_pack()
 core = pack_module("ssd_core")
-comfy_glue = pack_module("nodes._comfy")
+devices_glue = pack_module("nodes._devices")
 sampler_mod = pack_module("nodes.sampler")
 
 
@@ -72,11 +72,14 @@ def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(sampler_mod.ssd_core, "generate", spy)
-    run(ref, prompt="heart", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
+    by_name = run(ref, prompt="heart", cfg=-1, temperature=-1, top_k=-1, top_p=-1, grid=SMALL, decoder="ar")
     run(ref, decoder="sjd", prompt="1", cfg=2.5, temperature=0.0, top_k=5, top_p=0.9, draft_rows=2, verify_rounds=0,
         grid=SMALL, min_p=0.05)
-    a, b = seen
-    assert a["prompt"] == 1 and b["prompt"] == 1
+    by_index = run(ref, prompt=" 1 ", grid=SMALL, decoder="ar")
+    a, b, _ = seen
+    # the text goes on as typed; the family reads a class name or index from it (heart is class 1)
+    assert a["prompt"] == "heart" and b["prompt"] == "1"
+    assert by_name["result"][1]["tokens"] == by_index["result"][1]["tokens"]
     assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"], a["min_p"]) == (None,) * 5
     assert a["grid"] == b["grid"] == (12, 12)
     assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (2.5, 0.0, 5, 0.9, 0.05)
@@ -203,7 +206,7 @@ def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref_model, fake_co
 
 def test_cancel_outside_comfyui(ref_model, monkeypatch):
     ref = ref_model
-    monkeypatch.setattr(comfy_glue, "processing_interrupted", lambda: True)
+    monkeypatch.setattr(devices_glue, "processing_interrupted", lambda: True)
     with pytest.raises(InterruptedError):
         run(ref, decoder="ar")
 

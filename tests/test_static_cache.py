@@ -219,7 +219,7 @@ def test_the_pool_keeps_two_caches_frees_the_oldest_and_counts_its_bytes(tmp_pat
 def test_comfyui_counts_the_static_cache_and_frees_it_when_it_moves_the_model(tmp_path):
     from conftest import pack_module
 
-    comfy = pack_module("nodes._comfy")
+    comfy = pack_module("nodes._patcher")
     folder = make_llama_grid(tmp_path / "model", grid=(3, 4))
     model = static_cache.enable(ssd_core.load_model(folder), "static")
     ssd_core.generate(model, None, prompt=1, decoder="ar", seed=1, decode_pixels=False, score=False)

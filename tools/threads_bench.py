@@ -40,7 +40,7 @@ def wall_of_one_image(model, heads, decoder: str, threads: int, seed: int, grid)
 
 def main(argv=None) -> int:
     from ssd_core import load_heads, load_model
-    from ssd_core.trace import parse_grid
+    from ssd_core.grid_text import parse_grid
 
     p = argparse.ArgumentParser(prog="python -m tools.threads_bench", description=__doc__.splitlines()[0])
     p.add_argument("--decoders", default="ar,ssd-exact")

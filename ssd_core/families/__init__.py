@@ -49,11 +49,10 @@ def detect_family(folder: Path) -> str:
     if not folder.is_dir():
         raise SSDError(f"model folder {folder} does not exist; put the model's files (config.json, "
                        "*.safetensors) in a folder under ComfyUI/models/ssd_models or pass its path")
-    from ..model_files import read_config, read_json_object
+    from ..model_files import SSD_MODEL_JSON, read_config, read_ssd_model_json
 
-    if os.path.lexists(folder / "ssd_model.json"):  # an SSDError when it is not a JSON object or its family not a name
-        return read_json_object(folder, "ssd_model.json", "see docs/models-and-memory.md, section 'ssd_model.json'").get(
-            "family", "llama-grid")
+    if os.path.lexists(folder / SSD_MODEL_JSON):  # an SSDError when it is not a JSON object or its family not a name
+        return read_ssd_model_json(folder).get("family", "llama-grid")
 
     archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""

@@ -109,6 +109,9 @@ class GridModel:
     extra_files: str = ""  # what a folder needs besides the repo's files
     text_prompts: bool = False
     negative_prompts: bool = False  # the unconditional stream can be a negative prompt
+    # ---- what the nodes list before any model is loaded (the sampler's grid list) -----------------
+    pixels_per_token: int = 0  # pixels per token side of the family's pixel decoder (0: none listed)
+    grid_tag: str = ""  # the word the grid list tags this family's sizes with ("" = the family name)
     # ---- per model (set by __init__) --------------------------------------------------------------
     hidden_size: int
     image_vocab_size: int
@@ -125,6 +128,12 @@ class GridModel:
         """A model folder -> a GridModel. `download` (True = the first of repo_ids, or a repo id) fetches a
         folder without files first; kwargs are the family's options and transformers' loading options."""
         raise NotImplementedError
+
+    @classmethod
+    def listed_grids(cls) -> list[tuple[int, int]]:
+        """The token grids the nodes offer for this family before a model is loaded (the released models'
+        sizes); a loaded model's check_grid has the last word. Empty: the family's sizes are not listed."""
+        return []
 
     @classmethod
     def where_to_get(cls, folder) -> str:

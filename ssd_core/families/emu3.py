@@ -52,6 +52,11 @@ class Emu3Model(TextGridModel):
     name = "Emu3"
     negative_prompts = True
     load_options = ("grid",)
+    pixels_per_token = 8
+
+    @classmethod
+    def listed_grids(cls):
+        return ratio_grids((UPSTREAM_SIDE, UPSTREAM_SIDE))
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, grid=None):
         super().__init__(model, tokenizer, folder)

@@ -32,6 +32,11 @@ class JanusModel(TextGridModel):
     transformers_class = "JanusForConditionalGeneration"
     name = "Janus"
     negative_prompts = False  # the unconditional stream is the padded prompt
+    pixels_per_token = 16  # Janus-Pro's patch_size
+
+    @classmethod
+    def listed_grids(cls):
+        return [(24, 24)]  # Janus-Pro's image_size / patch_size: 384 / 16
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None):
         super().__init__(model, tokenizer, folder)

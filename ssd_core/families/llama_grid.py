@@ -18,14 +18,14 @@ from .base import GridModel
 
 REQUIRED_KEYS = ("family", "grid", "image_token_start", "image_vocab_size", "row_end_token",
                  "num_classes", "class_token_start", "null_class_token")
-SEE = "see docs/models-and-memory.md, section 'ssd_model.json'"
+SEE = model_files.SSD_MODEL_DOC
 
 
 def read_spec(folder: Path, vocab: int | None = None) -> dict:
     """ssd_model.json, checked key by key (and against a vocabulary size when given) before any weights load."""
-    path = folder / "ssd_model.json"
-    spec = model_files.read_json_object(folder, path.name, SEE, f"{folder} has no ssd_model.json: a llama-grid model needs "
-                                f"one beside config.json ({SEE})")
+    path = folder / model_files.SSD_MODEL_JSON
+    spec = model_files.read_ssd_model_json(folder, f"{folder} has no ssd_model.json: a llama-grid model needs one "
+                                           f"beside config.json ({SEE})")
     missing = [k for k in REQUIRED_KEYS if k not in spec]
     if missing:
         raise SSDError(f"{path} lacks the keys {missing}; {SEE}")
@@ -127,6 +127,13 @@ def load_vq_decoder(folder: Path | None, spec: dict):
 
 class LlamaGridModel(GridModel):
     family = "llama-grid"
+    # the grid list offers the bundled reference model's sizes (its VQ decoder: 4 px a token), tagged "reference"
+    pixels_per_token = 4
+    grid_tag = "reference"
+
+    @classmethod
+    def listed_grids(cls):
+        return [(24, 24), (16, 16), (12, 12), (8, 8)]
 
     def __init__(self, model: torch.nn.Module, spec: dict, folder: Path | None = None, vq=None):
         super().__init__(model)

@@ -68,6 +68,12 @@ class LuminaModel(TextGridModel):
     name = "Lumina-mGPT"
     negative_prompts = False  # the unconditional stream is the image start and size tokens alone
     load_options = ("vqgan", "grid")
+    pixels_per_token = 16
+
+    @classmethod
+    def listed_grids(cls):
+        square = (UPSTREAM_SIDE, UPSTREAM_SIDE)
+        return [square] + [g for g in crop_size_grids(UPSTREAM_SIDE // 2) if g != square]
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, vqgan=None,
                  grid=None):
