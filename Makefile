@@ -32,27 +32,23 @@ test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
 	node --test tests/js/
 
-# the engine tests under transformers 4.57 (the other supported major version)
+# the engine tests under transformers 4.57 (the other supported major version): the test files marked engine457
+# (`pytestmark = pytest.mark.engine457`; the marker is declared in pyproject.toml)
 test-engine-457:
 	$(PYTHON) -m venv .venv457
 	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis
-	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q tests/test_engine_exact.py tests/test_engine_decoders.py tests/test_errors.py \
-		tests/test_train_cli.py tests/test_family_janus.py tests/test_family_emu3.py tests/test_family_lumina.py \
-		tests/test_family_heads.py tests/test_loading.py tests/test_vqgan.py \
-		tests/test_static_cache.py tests/test_bench_gpu.py tests/test_bad_inputs.py tests/test_host_syncs.py tests/test_batch_cache.py tests/test_vertical_shift.py tests/test_reanchor.py tests/test_heads_inputs.py tests/test_heads_width.py \
-		tests/test_device_portability.py tests/test_step_overhead.py tests/test_offload.py tests/test_seeds.py
+	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -m engine457 tests
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
-# augmented copies each, 5,463 grids) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
-# features stored in build/heads/ (3.4 GB); held-out acceptance logged and heads saved every 100 steps;
+# augmented copies each) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
+# features stored in build/heads/; held-out acceptance logged and heads saved every 100 steps;
 # HEADS_UNTIL=HH:MM bounds it in time (features of the grids done in 60% of the time left, then a one-cycle lr
 # schedule on the rest; HEADS_STEPS stays a cap). By default Hv only (HEADS_TRAIN), reading the cell above the
 # drafted cell (HEADS_SHIFT 1), the two tokens drafted on its left and the cells above-left and above-right
 # (HEADS_LEFT 2: `--vertical-left 2`), warm-started from the bundled heads (HEADS_INIT), whose Hh it keeps; Hv's
 # MLP HEADS_VWIDTH wide, trained on its expected rejection (HEADS_TV) without the KL (HEADS_KL).
-# Run as `make -o install heads` in a ready venv. The shipped heads: `make -o install heads HEADS_UNTIL=17:20
-# HEADS_STEPS=100000` (2 threads; the stored features of all 5,463 grids, then 2,207 steps, 76 min), held-out
-# expected acceptance 0.776 (the previous heads 0.741; README, "What decides acceptance").
+# Run as `make -o install heads` in a ready venv. The shipped heads' run, its time and its held-out acceptance:
+# docs/heads-and-acceptance.md.
 HEADS_COPIES ?= 8
 HEADS_SAMPLES ?= 0
 HEADS_STEPS ?= 600

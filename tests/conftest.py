@@ -1,5 +1,5 @@
 """Shared by the tests: the import path, one thread, the pack imported as ComfyUI does, the bundled model
-through the nodes, stand-ins for ComfyUI's modules, and the family test modules' model fixtures."""
+through the nodes and through the API, stand-ins for ComfyUI's modules, and the family test modules' model fixtures."""
 import importlib
 import importlib.util
 import json
@@ -90,6 +90,15 @@ def ref(ref_model):
         pytest.skip(heads_missing())
     (mh,) = load_pack().SSDLoadHeads().load(ref_model, "reference")
     return mh
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """The bundled model and its heads through ssd_core's API, as (model, heads): loaded once per test module."""
+    import ssd_core
+
+    model = ssd_core.load_model("reference")
+    return model, ssd_core.load_heads("reference", model)
 
 
 def run(model, **kw):

@@ -23,6 +23,8 @@ from ssd_core.pixel_decoders import reference_vq
 from ssd_core.sampling import SamplerSettings, log_probs
 from tiny import make_heads, make_llama_grid
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 ROOT = Path(__file__).resolve().parent.parent
 SSDError = ssd_core.SSDError
 TINY_VQ = {"channels": [8, 16], "res_blocks": 1, "codebook_size": 16, "code_dim": 4, "downsample": 4}

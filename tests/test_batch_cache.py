@@ -9,6 +9,8 @@ from ssd_core.session import Session, stack_prompts
 from tiny import make_heads, make_llama_grid
 from tiny_families import TINY_SHAPES
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 # per step, per image: (slots fed, slots kept); a fed slot past the kept ones carries a wrong token (a
 # rejected draft), which the next step feeds again with the right one
 SCHEDULE = [((4, 1), (2, 2)), ((3, 3), (5, 0)), ((1, 0), (4, 4)), ((5, 2), (1, 1)), ((2, 2), (3, 3))]

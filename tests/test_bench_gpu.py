@@ -7,6 +7,8 @@ import torch
 
 from tools import bench_gpu
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 def test_bench_gpu_dry_run_reports_both_modes(tmp_path, capsys):
     out = tmp_path / "gpu.json"

@@ -9,6 +9,8 @@ from ssd_core import run as run_module
 from ssd_core.opcount import count_ops
 from ssd_core.sampling import _mix, _mix_int, _signed, gumbel, shr53
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 def float64_gumbel(seed, slots, vocab):
     """The noise as the pack made it before (float64: -log(-log(u)))."""
@@ -18,12 +20,6 @@ def float64_gumbel(seed, slots, vocab):
     bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
     u = (shr53(bits).double() + 0.5) / float(1 << 53)
     return (-torch.log(-torch.log(u))).float()
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
 
 
 def test_noise_is_float32_and_within_two_ulps_of_the_float64_formula():

@@ -11,6 +11,8 @@ from ssd_core.session import Layout
 from ssd_core.sampling import SamplerSettings
 from tiny import make_heads, make_llama_grid, tiny_model_and_heads
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

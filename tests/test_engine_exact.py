@@ -7,6 +7,8 @@ import torch
 import ssd_core
 from tiny import make_heads, make_llama_grid
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module", params=[False, True], ids=["no-row-end", "row-end"])
 def model_and_heads(request, tmp_path_factory):

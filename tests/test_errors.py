@@ -8,6 +8,8 @@ import ssd_core
 from ssd_core.heads import DraftHeads
 from tiny import make_heads, make_llama_grid
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

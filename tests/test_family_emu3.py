@@ -6,6 +6,8 @@ import ssd_core
 from ssd_core.families.emu3 import DEFAULT_NEGATIVE, Emu3Model
 from tiny_families import build_emu3, check_cfg_matches_unbatched, check_every_decoder, sequence_ids
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 PROMPT = "a red cat"
 GRID = (3, 4)
 

@@ -6,6 +6,8 @@ import ssd_core
 from ssd_core.train import TrainConfig, train_heads
 from tiny_families import BUILDERS
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 GRIDS = {"janus": (4, 4), "emu3": (3, 4), "lumina": (4, 4)}
 
 

@@ -6,6 +6,8 @@ import ssd_core
 from ssd_core.families.janus import JanusModel
 from tiny_families import build_janus, check_cfg_matches_unbatched, check_every_decoder
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 PROMPT = "a red cat"
 
 

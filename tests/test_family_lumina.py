@@ -7,6 +7,8 @@ from ssd_core.families.lumina import LuminaModel, crop_size_grids
 from ssd_core.pixel_decoders.chameleon_vqgan import VQGANDecoder
 from tiny_families import build_lumina, check_cfg_matches_unbatched, check_every_decoder, sequence_ids
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 PROMPT = "a red cat"
 GRID = (4, 4)
 

@@ -11,6 +11,8 @@ from tiny import drafted_rows, tiny_model_and_heads
 
 import pytest
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

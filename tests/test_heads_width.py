@@ -10,6 +10,8 @@ from ssd_core.sampling import SamplerSettings, guide
 from ssd_core.train import TrainConfig, collect_features, generate_grids, head_losses, start_heads
 from tiny import tiny_model_and_heads
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):

@@ -23,6 +23,8 @@ from ssd_core import static_cache, trace
 from ssd_core.session import Session, held_on_device, pack_fed_keys
 from ssd_core.static_cache import StaticSession
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
 SESSIONS = (Session, StaticSession)
 
@@ -184,12 +186,6 @@ def count_syncs(model):
             cls.forward = fn
         backbone_cls.forward = backbone_forward
         trace.from_run = from_run
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
 
 
 @pytest.fixture(scope="module")

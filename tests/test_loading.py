@@ -11,6 +11,8 @@ from ssd_core.families.janus import JanusModel
 from ssd_core.families.lumina import LuminaModel
 from tiny_families import build_emu3, build_janus, build_lumina
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):

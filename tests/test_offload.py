@@ -16,6 +16,8 @@ from ssd_core.families.base import ImageRowsHead, as_rows
 from tiny import make_llama_grid
 from tiny_families import build_emu3, build_janus, build_lumina
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 BUILDERS = {"llama-grid": lambda f: make_llama_grid(f, grid=(3, 4), row_end=True),
             "janus": build_janus, "emu3": build_emu3, "lumina": build_lumina}
 HEAD = {"llama-grid": "lm_head", "janus": "model.generation_head", "emu3": "lm_head", "lumina": "lm_head"}

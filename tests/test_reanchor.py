@@ -7,6 +7,8 @@ import ssd_core
 from ssd_core.decoders.drafting import _embed, feature, reanchor_row
 from tiny import drafted_rows, tiny_model_and_heads
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module", params=[True, False], ids=["row-end", "no-row-end"])
 def tiny(request, tmp_path_factory):

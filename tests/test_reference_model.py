@@ -8,12 +8,6 @@ from ssd_core.api import BUNDLED_HEADS
 pytestmark = pytest.mark.skipif(not BUNDLED_HEADS["reference"].is_file(), reason="bundled heads not present")
 
 
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
-
-
 def test_bundled_files_listed_and_heads_match(bundled):
     model, heads = bundled
     assert ssd_core.list_bundled() == {"models": ["reference"], "heads": ["reference"]}

@@ -10,13 +10,9 @@ import pytest
 import ssd_core
 from ssd_core.errors import SSDError
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
 
 
 @pytest.mark.parametrize("decoder", ["ar", "ssd", "ssd-exact", "sjd", "zipar"])

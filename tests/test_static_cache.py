@@ -10,6 +10,8 @@ from ssd_core import static_cache
 from ssd_core.errors import SSDError
 from tiny import make_heads, make_llama_grid
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 SETTINGS = [dict(temperature=1.0, top_k=0, top_p=1.0, cfg=3.0), dict(temperature=0.0, top_k=5, top_p=1.0, cfg=1.0),
             dict(temperature=1.0, top_k=0, top_p=0.8, cfg=1.0)]
 

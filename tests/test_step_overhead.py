@@ -17,13 +17,9 @@ from ssd_core.run import Run
 from ssd_core.sampling import SamplerSettings
 from tiny import tiny_model_and_heads
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 BUDGET = {"ar": 60, "ssd-exact": 200}  # ops a step outside the forward, median over images
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
 
 
 @pytest.mark.parametrize("decoder", list(BUDGET))

@@ -75,12 +75,6 @@ def test_threads_bench_runs_at_the_count_it_names_beside_busy_loops_and_restores
 
 
 # ---- several generations at once on one loaded model (API users: a web service, a thread pool) ----------------
-@pytest.fixture(scope="module")
-def bundled():
-    model = ssd_core.load_model("reference")
-    return model, ssd_core.load_heads("reference", model)
-
-
 @pytest.mark.parametrize("decoder, static", [(d, False) for d in ("ar", "ssd", "ssd-exact", "sjd", "zipar")] +
                          [("ssd-exact", True)], ids=["ar", "ssd", "ssd-exact", "sjd", "zipar", "ssd-exact-static"])
 def test_threads_on_one_model_get_their_sequential_tokens(bundled, decoder, static):

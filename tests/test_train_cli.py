@@ -5,11 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import ssd_core
 from ssd_core.train import TrainConfig, train_heads
 from tiny import make_heads, make_llama_grid
+
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,6 +10,8 @@ from ssd_core.errors import SSDError
 from ssd_core.train import TrainConfig, train_heads
 from tiny import drafted_rows, heads_with, make_heads, tiny_model_and_heads
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 
 @pytest.fixture(scope="module", params=[True, False], ids=["row-end", "no-row-end"])
 def tiny(request, tmp_path_factory):

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from ssd_core.pixel_decoders import convert_vqgan
 from ssd_core.pixel_decoders.chameleon_vqgan import VQGANConfig, VQGANDecoder, find_vqgan, infer_config
 
+pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
+
 TINY = VQGANConfig(n_embed=16, embed_dim=8, z_channels=32, ch=32, ch_mult=[1, 2], num_res_blocks=1,
                    resolution=32, attn_resolutions=[16])  # level 1 works at 32 // 2 = 16: attention there
 
