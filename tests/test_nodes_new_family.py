@@ -5,11 +5,12 @@ its config.json naming the family's architecture). It is registered with one lin
 under nodes/ knows it, yet the loader's model list offers its folder and loads it as that family, and the
 sampler's grid list offers its sizes (tagged with its name) and samples it."""
 import json
+import re
 
 import pytest
 import torch
 
-from conftest import load_pack, pack_module
+from conftest import ROOT, load_pack, pack_module
 
 nodes = load_pack()
 families = pack_module("ssd_core.families")
@@ -121,3 +122,10 @@ def test_the_grid_list_is_the_registry_s(toy_registered):
         cls = families.family_class(name)
         assert tag == (cls.grid_tag or name) and px == cls.pixels_per_token and listed == cls.listed_grids()
     assert grids.sizes()["toy"] == ("toy", 2, [(3, 5), (4, 4)])
+
+
+def test_the_nodes_import_no_family_module():
+    """The nodes know the families only through the registry (ssd_core.families) and the API."""
+    for path in sorted((ROOT / "nodes").glob("*.py")):
+        found = re.findall(r"ssd_core\.families\.\w+", path.read_text())
+        assert not found, f"{path.name} imports {found}: ask the registry (family_class) instead"
