@@ -8,7 +8,7 @@ import time
 import torch
 
 from .. import ssd_core
-from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, needs_heads, uses_heads, without_heads
+from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, DecoderParams, needs_heads, uses_heads, without_heads
 from ..ssd_core.families import families_with_negative_prompts
 from ..ssd_core.memory import out_of_memory
 from . import _devices, _patcher, _progress, grids
@@ -161,8 +161,7 @@ class SSDSampler(io.ComfyNode):
             top_k=_auto(top_k, int, "top_k"),
             top_p=_auto(top_p, float, "top_p"),
             min_p=_auto(min_p, float, "min_p"),
-            draft_rows=int(draft_rows),
-            verify_rounds=int(verify_rounds),
+            params=DecoderParams(draft_rows=int(draft_rows), verify_rounds=int(verify_rounds)),
             grid=grids.parse(grid, getattr(model, "family", "")),
         )
         heads = ssd_model.heads if uses_heads(decoder) else None

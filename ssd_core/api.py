@@ -1,7 +1,6 @@
 """The calls everything else uses: load a model, load heads, generate."""
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +8,12 @@ from pathlib import Path
 import torch
 
 from . import memory, model_files, static_cache, threads
-from .decoders import make_policy
+from .decoders import DecoderParams, make_policy
 from .engine import decode_batch
 from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
+from .limits import whole_number
 from .sampling import check_seed, settings_from
 from .trace import Trace
 
@@ -115,18 +115,6 @@ def load_heads(name_or_path: str | Path, model) -> DraftHeads:
     return heads.to(device=model.device, dtype=model.dtype).eval()
 
 
-def whole_number(name: str, value) -> int:
-    """An int (or a float / numpy number without a fraction) as an int; anything else one SSDError line:
-    1.5, '3', True and NaN are refused, never rounded or read."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SSDError(f"{name} must be a whole number, got {str(value)[:40]!r} ({type(value).__name__})")
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if not (math.isfinite(value) and float(value).is_integer()):
-        raise SSDError(f"{name} must be a whole number (an integer such as 1), got {value}")
-    return int(value)
-
-
 def check_grid_value(grid):
     """None, 'HxW' / 'auto' (grid_text.parse_grid) or a (rows, columns) pair of whole numbers -> None or (H, W)."""
     from .grid_text import parse_grid
@@ -145,39 +133,55 @@ class Result:
     trace: Trace
 
 
-def generate(model, heads, *, prompt, negative_prompt: str = "", decoder: str = "ssd-exact", seed: int = 0,
-             cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, min_p: float | None = None, draft_rows: int | None = None,
-             verify_rounds: int | None = None, window: int | None = None, stable_first_row: int | None = None,
-             adaptive_percent: int | None = None, repair: int | None = None, grid=None, on_step=None,
-             should_cancel=None, decode_pixels: bool = True, score: bool = True) -> Result:
-    """Generate one image. Sampler values left as None take the model's defaults, decoder parameters left as
-    None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
-    return generate_batch(model, heads, prompts=[prompt], seeds=[seed], negative_prompt=negative_prompt,
-                          decoder=decoder, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p,
-                          min_p=min_p, draft_rows=draft_rows, verify_rounds=verify_rounds, window=window,
-                          stable_first_row=stable_first_row, adaptive_percent=adaptive_percent, repair=repair,
-                          grid=grid,
-                          on_step=on_step, should_cancel=should_cancel, decode_pixels=decode_pixels, score=score)[0]
+def generate(model, heads, *, prompt, seed: int = 0, **options) -> Result:
+    """Generate one image: generate_batch's options (decoder, params / decoder parameters by name, sampler
+    values, grid, callbacks) for a batch of one. Sampler values left as None take the model's defaults,
+    decoder parameters left as None (or draft_rows 0) the decoder's (decoders.DECODER_SPECS)."""
+    return generate_batch(model, heads, prompts=[prompt], seeds=[seed], **options)[0]
 
 
 MAX_BATCH = 64
 
 
 def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed: int = 0, batch_size: int | None = None,
-                   negative_prompt: str = "", decoder: str = "ssd-exact", cfg: float | None = None,
-                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                   min_p: float | None = None, draft_rows: int | None = 0, verify_rounds: int | None = None,
-                   window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
-                   repair: int | None = None, grid=None, on_step=None, should_cancel=None, decode_pixels: bool = True,
-                   score: bool = True) -> list[Result]:
+                   negative_prompt: str = "", decoder: str = "ssd-exact", params: DecoderParams | None = None,
+                   cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
+                   top_p: float | None = None, min_p: float | None = None, grid=None, on_step=None,
+                   should_cancel=None, decode_pixels: bool = True, score: bool = True,
+                   **decoder_params) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
     The images are `prompts` x `seeds` paired in order; a single `prompt` is repeated and a missing `seeds`
     list is seed, seed+1, ...; batch_size (default: the length of the lists given) says how many.
-    Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the sampler values
-    are shared. on_step receives a Progress whose `image` is the index in the batch.
+    Decoder parameters: `params` (a DecoderParams) and / or by name (draft_rows=2, ...: decoders.PARAMS), the
+    names over params. Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the
+    sampler values are shared. on_step receives a Progress whose `image` is the index in the batch.
     """
+    prompts, seeds = _images(prompts, seeds, prompt, seed, batch_size)
+    grid = check_grid_value(grid)
+    params = DecoderParams.of(params, **decoder_params)  # each checked: a whole number within its limits
+    if top_k is not None:
+        whole_number("top_k", top_k)  # its limits: SamplerSettings
+    d = getattr(model, "defaults", {})
+    settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+                for s in seeds]
+    policies = [make_policy(decoder, params) for _ in seeds]
+    check_negative_prompt(model, negative_prompt)
+    layout = model.layout(grid)
+    if heads is not None:
+        heads.check_model(model)
+    prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
+    # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
+    with mps_op_errors():
+        with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
+            done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step,
+                                should_cancel, score)
+        return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace)
+                for _, trace in done]
+
+
+def _images(prompts, seeds, prompt, seed, batch_size) -> tuple[list, list[int]]:
+    """generate_batch's ways to name its images -> (prompts, seeds), one each, checked."""
     if isinstance(prompts, (str, bytes, numbers.Integral)):  # one prompt ("12" is one prompt, never '1' and '2')
         if prompt is not None and prompt != prompts:
             raise SSDError(f"give one of prompt ({str(prompt)[:40]!r}) and prompts ({str(prompts)[:40]!r}), not both")
@@ -200,29 +204,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     if seeds is None:
         check_seed(seed)  # the first seed obeys the rule; the ones after it count on modulo 2^64
         seeds = [(int(seed) + i) % 2**64 for i in range(n)]
-    grid = check_grid_value(grid)
-    for name, value in (("draft_rows", draft_rows), ("verify_rounds", verify_rounds), ("window", window),
-                        ("stable_first_row", stable_first_row), ("adaptive_percent", adaptive_percent),
-                        ("repair", repair), ("top_k", top_k)):
-        if value is not None:
-            whole_number(name, value)  # the limits: decoders.PARAMS, SamplerSettings
     if len(prompts) != n or len(seeds) != n:
         raise SSDError(f"a batch of {n} images needs {n} prompts and {n} seeds, got {len(prompts)} prompts "
                        f"and {len(seeds)} seeds")
-    d = getattr(model, "defaults", {})
-    settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-                for s in seeds]
-    policies = [make_policy(decoder, draft_rows, verify_rounds, window, stable_first_row, adaptive_percent, repair)
-                for _ in range(n)]
-    check_negative_prompt(model, negative_prompt)
-    layout = model.layout(grid)
-    if heads is not None:
-        heads.check_model(model)
-    prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
-    # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
-    with mps_op_errors():
-        with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
-            done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step,
-                                should_cancel, score)
-        return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace)
-                for _, trace in done]
+    return list(prompts), seeds

@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, NO_HEADS, VERIFY_ROUNDS, needs_heads, uses_heads
+from .decoders import DECODERS, NO_HEADS, DecoderParams, needs_heads, uses_heads
 from .errors import SSDError
 from .outputs import check_output, check_output_dir, write_or_keep
 from .trace import finite_or_none, status_image
@@ -34,14 +34,12 @@ class BenchOptions:
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
-    draft_rows: int | None = None  # None: each decoder's default
-    verify_rounds: int = VERIFY_ROUNDS.default
-    ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at verify_rounds)
+    params: DecoderParams = field(default_factory=DecoderParams)  # every row's decoder parameters (None: each
+    #                                        decoder's default); the ssd rows set the three below on top of them
+    ssd_rounds: tuple[int, ...] = ()  # one ssd row per verify-round count (else one at params' verify_rounds)
     ssd_adaptive: tuple[int, ...] = ()  # also one ssd row per adaptive percent (per verify-round count)
-    ssd_first_row: tuple[int, ...] = ()  # ssd rows for these stable_first_row values (else the default)
+    ssd_first_row: tuple[int, ...] = ()  # ssd rows for these stable_first_row values (else params')
     plot: str | None = None  # PNG: steps ratio against the nll_full gap (and class accuracy), one point a row
-    window: int | None = None
-    repair: int | None = None  # ssd's repair of committed tokens (None: on, the decoder's default)
     grid: tuple[int, int] | None = None
     verify_cost: bool = False  # also time one verify forward per window length
     out_dir: str | None = None  # sample and status PNGs
@@ -50,26 +48,24 @@ class BenchOptions:
     batch: int = 0  # also run every decoder in batches of this many images (images/s batched vs one at a time)
 
 
-def _variants(o: BenchOptions) -> list[tuple[str, str, dict]]:
+def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
     """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
-    each adaptive percent (ssd_adaptive, besides the fixed schedule) and stable_first_row value; a name
+    each adaptive percent (ssd_adaptive, besides params' own, 0 by default) and stable_first_row value; a name
     ending in ':noheads' is its decoder without heads."""
     out = []
     for name in o.decoders:
-        if name.endswith(NO_HEADS):
-            out.append((name, name[:-len(NO_HEADS)], {"verify_rounds": o.verify_rounds}))
-            continue
         if name != "ssd":
-            out.append((name, name, {"verify_rounds": o.verify_rounds}))
+            out.append((name, name.removesuffix(NO_HEADS), o.params))
             continue
-        for f in o.ssd_first_row or (None,):
-            for r in o.ssd_rounds or (o.verify_rounds,):
-                for a in (0, *o.ssd_adaptive):
+        for f in o.ssd_first_row or (o.params.stable_first_row,):
+            for r in o.ssd_rounds or (o.params.verify_rounds,):
+                for a in dict.fromkeys((o.params.adaptive_percent or 0, *o.ssd_adaptive)):
                     label = "ssd" + (f" r={r}" if o.ssd_rounds else "") + (f" a={a}" if a else "") + \
                         (f" f={f}" if f is not None else "")
-                    out.append((label, "ssd", {"verify_rounds": int(r), "adaptive_percent": a, "stable_first_row": f}))
+                    out.append((label, "ssd", DecoderParams.of(o.params, verify_rounds=r, adaptive_percent=a,
+                                                               stable_first_row=f)))
     if "ar" not in [v[1] for v in out]:
-        out.insert(0, ("ar", "ar", {"verify_rounds": o.verify_rounds}))
+        out.insert(0, ("ar", "ar", o.params))
     return out
 
 
@@ -82,6 +78,16 @@ def prompts_for(model, n: int, given) -> list:
     return [texts[i % len(texts)] for i in range(n)]
 
 
+def _row_call(heads, o: BenchOptions, label: str, decoder: str, params: DecoderParams) -> tuple:
+    """(heads or None, generate's keywords) of a bench row: the heads only where the row drafts with them, the
+    bench's sampler values and grid, the row's decoder and parameters."""
+    drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+    if needs_heads(decoder) and drafter is None:
+        raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
+    return drafter, {"negative_prompt": o.negative_prompt, "decoder": decoder, "params": params, "cfg": o.cfg,
+                     "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p, "grid": o.grid}
+
+
 def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
@@ -90,60 +96,13 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     variants = _variants(o)
     prompts = prompts_for(model, o.images, o.prompt)
     seeds = [o.seed + i for i in range(o.images)]
-    results: dict[str, list] = {label: [] for label, _, _ in variants}
-    out_dir = Path(o.out_dir) if o.out_dir else None
     stick = for_model(model)  # the image-quality yardstick (class accuracy, FD), bundled model only
-    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        for label, decoder, params in variants:
-            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
-            if needs_heads(decoder) and drafter is None:
-                raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
-            r = generate(model, drafter, prompt=prompt,
-                         negative_prompt=o.negative_prompt, decoder=decoder, seed=seed, cfg=o.cfg,
-                         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
-                         draft_rows=o.draft_rows, window=o.window, repair=o.repair, **params,
-                         grid=o.grid, decode_pixels=out_dir is not None or stick is not None,
-                         on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p)))
-            results[label].append(r)
-        log(f"image {i + 1}/{len(prompts)} done")
+    results = run_singles(model, heads, o, variants, prompts, seeds, bool(o.out_dir) or stick is not None, log, on_step)
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
-    ops = {label: step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]) for label, decoder, params in variants}
+    rows = [row_figures(label, decoder, results[label], results["ar"], batched and batched[label]["results"],
+                        step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]))
+            for label, decoder, params in variants]
     ar = results["ar"]
-    ar_nll = statistics.median([a.trace.nll for a in ar])
-    ar_full = statistics.median([a.trace.nll_full for a in ar])
-    rows = []
-    for label, decoder, _ in variants:
-        runs = results[label]
-        steps = [r.trace.steps for r in runs]
-        walls = [r.trace.timings["wall"] - r.trace.timings["prefill"] for r in runs]
-        nlls = [r.trace.nll for r in runs]
-        fulls = [r.trace.nll_full for r in runs]
-        ar_steps = [a.trace.steps for a in ar]
-        ar_walls = [a.trace.timings["wall"] - a.trace.timings["prefill"] for a in ar]
-        exactness = None
-        if decoder in ("ar", "ssd-exact"):  # one at a time and, with --batch, in batches too
-            exactness = all(bool(torch.equal(r.tokens, a.tokens)) for r, a in zip(runs, ar))
-            if batched is not None:
-                exactness = exactness and all(bool(torch.equal(b.tokens, a.tokens))
-                                              for b, a in zip(batched[label]["results"], ar))
-        rows.append({
-            "decoder": label, "steps": statistics.median(steps),
-            "step_ratio": round(statistics.median([a / max(s, 1) for a, s in zip(ar_steps, steps)]), 3),
-            "wall_ratio": round(statistics.median([a / max(w, 1e-9) for a, w in zip(ar_walls, walls)]), 3),
-            "wall_s": round(statistics.median(walls), 4), "nll": finite_or_none(round(statistics.median(nlls), 4)),
-            "nll_gap": finite_or_none(round((statistics.median(nlls) - ar_nll) / ar_nll, 4)),  # of the medians
-            "identical_to_ar": exactness,
-            # the share of cells with ar's token (1 for an exact decoder in fp32; bf16 rounding can move a few)
-            "same_cells_as_ar": round(statistics.mean([float((r.tokens == a.tokens).float().mean()) for r, a in zip(runs, ar)]), 4),
-            **ops[label],
-            "nll_full": round(statistics.median(fulls), 4),
-            "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
-            "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
-            "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
-            # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
-            "policy_share": round(statistics.median([r.trace.timings["policy"] / r.trace.timings["wall"] for r in runs]), 4),
-            **round0_acceptance(runs), "params": {k: v for k, v in runs[0].trace.settings.items() if k not in SAMPLER_KEYS},
-        })
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),
               "settings": ar[0].trace.settings, "rows": rows}
     if batched is not None:  # images per second (decode walls, prefill included) in batches vs one at a time
@@ -160,13 +119,68 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     if o.verify_cost:
         report["verify_cost"] = verify_cost(model, prompts[0], o.cfg, o.negative_prompt)
     print_table(report, log)
-    failed: list[str] = []  # every output is tried; one that fails is kept beside (outputs.write_or_keep)
+    write_outputs(report, results, variants, o, log)
+    return report
+
+
+def run_singles(model, heads, o: BenchOptions, variants, prompts, seeds, pixels: bool, log=print,
+                on_step=None) -> dict:
+    """Every row on every image, one at a time -> {label: [Result per image]} (pixels: decode the images)."""
+    results: dict[str, list] = {label: [] for label, _, _ in variants}
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        for label, decoder, params in variants:
+            drafter, kw = _row_call(heads, o, label, decoder, params)
+            results[label].append(generate(
+                model, drafter, prompt=prompt, seed=seed, decode_pixels=pixels, **kw,
+                on_step=None if on_step is None else (lambda p, i=i, label=label: on_step(i, label, p))))
+        log(f"image {i + 1}/{len(prompts)} done")
+    return results
+
+
+def row_figures(label: str, decoder: str, runs: list, ar: list, batched: list | None, ops: dict) -> dict:
+    """A report row: a bench row's medians over its images and its ratios against `ar`'s (batched: the same
+    images in batches, for identical_to_ar; ops: step_ops)."""
+    steps = [r.trace.steps for r in runs]
+    walls = [r.trace.timings["wall"] - r.trace.timings["prefill"] for r in runs]
+    nlls = [r.trace.nll for r in runs]
+    fulls = [r.trace.nll_full for r in runs]
+    ar_steps = [a.trace.steps for a in ar]
+    ar_walls = [a.trace.timings["wall"] - a.trace.timings["prefill"] for a in ar]
+    ar_nll = statistics.median([a.trace.nll for a in ar])
+    ar_full = statistics.median([a.trace.nll_full for a in ar])
+    exactness = None
+    if decoder in ("ar", "ssd-exact"):  # one at a time and, with --batch, in batches too
+        exactness = all(bool(torch.equal(r.tokens, a.tokens)) for r, a in zip(runs + (batched or []), ar + ar))
+    return {
+        "decoder": label, "steps": statistics.median(steps),
+        "step_ratio": round(statistics.median([a / max(s, 1) for a, s in zip(ar_steps, steps)]), 3),
+        "wall_ratio": round(statistics.median([a / max(w, 1e-9) for a, w in zip(ar_walls, walls)]), 3),
+        "wall_s": round(statistics.median(walls), 4), "nll": finite_or_none(round(statistics.median(nlls), 4)),
+        "nll_gap": finite_or_none(round((statistics.median(nlls) - ar_nll) / ar_nll, 4)),  # of the medians
+        "identical_to_ar": exactness,
+        # the share of cells with ar's token (1 for an exact decoder in fp32; bf16 rounding can move a few)
+        "same_cells_as_ar": round(statistics.mean([float((r.tokens == a.tokens).float().mean()) for r, a in zip(runs, ar)]), 4),
+        **ops,
+        "nll_full": round(statistics.median(fulls), 4),
+        "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
+        "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
+        "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
+        # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
+        "policy_share": round(statistics.median([r.trace.timings["policy"] / r.trace.timings["wall"] for r in runs]), 4),
+        **round0_acceptance(runs), "params": {k: v for k, v in runs[0].trace.settings.items() if k not in SAMPLER_KEYS},
+    }
+
+
+def write_outputs(report: dict, results: dict, variants, o: BenchOptions, log=print) -> None:
+    """The plot, the PNGs and the JSON; every one is tried, one that fails is kept beside
+    (outputs.write_or_keep) and the first failure raised after the others."""
+    failed: list[str] = []
     if o.plot:
         from .bench_plot import plot_tradeoff
 
         _keep(o.plot, lambda p: plot_tradeoff(report, p), "--plot", failed, log)
-    if out_dir is not None:
-        write_pngs(results, variants, out_dir, log, failed)
+    if o.out_dir:
+        write_pngs(results, variants, Path(o.out_dir), log, failed)
     if o.json:
         text = json.dumps(report, indent=1)
         _keep(o.json, lambda p: (Path(p).parent.mkdir(parents=True, exist_ok=True), Path(p).write_text(text)), "--json",
@@ -174,21 +188,17 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     if failed:
         more = f" ({len(failed) - 1} more output(s) kept the same way)" if len(failed) > 1 else ""
         raise SSDError(failed[0] + more)
-    return report
 
 
-def step_ops(model, heads, o: BenchOptions, label: str, decoder: str, params: dict, prompt, seed) -> dict:
+def step_ops(model, heads, o: BenchOptions, label: str, decoder: str, params: DecoderParams, prompt, seed) -> dict:
     """Ops a step launches outside the base model's forward (opcount; one extra run of the first image, not
     timed): on a GPU each is a kernel launch of 5-10 us. policy_ops: the decoder's share of them (not in the
     draft heads' networks)."""
     from .opcount import count_ops
 
-    drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
+    drafter, kw = _row_call(heads, o, label, decoder, params)
     with count_ops(drafter) as c:
-        generate(model, drafter, prompt=prompt, negative_prompt=o.negative_prompt, decoder=decoder, seed=seed,
-                 cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
-                 draft_rows=o.draft_rows, window=o.window, repair=o.repair, **params, grid=o.grid,
-                 decode_pixels=False, score=False)
+        generate(model, drafter, prompt=prompt, seed=seed, decode_pixels=False, score=False, **kw)
     return {"ops_per_step": round(c.per_step(), 1), "head_ops_per_step": round(c.head_total / max(c.steps, 1), 1)}
 
 
@@ -232,14 +242,10 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
     out = {}
     for label, decoder, params in variants:
         results, wall = [], 0.0
+        drafter, kw = _row_call(heads, o, label, decoder, params)
         for i in range(0, len(prompts), o.batch):
-            drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
-            chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch],
-                                   seeds=seeds[i:i + o.batch], negative_prompt=o.negative_prompt, decoder=decoder,
-                                   cfg=o.cfg, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                                   min_p=o.min_p, draft_rows=o.draft_rows, window=o.window, repair=o.repair,
-                                   grid=o.grid, **params,
-                                   decode_pixels=False, score=False)
+            chunk = generate_batch(model, drafter, prompts=prompts[i:i + o.batch], seeds=seeds[i:i + o.batch],
+                                   decode_pixels=False, score=False, **kw)
             wall += max(r.trace.timings["wall"] for r in chunk)  # the batch's wall: its last image's
             results += chunk
         out[label] = {"results": results, "images_per_s": len(results) / wall}

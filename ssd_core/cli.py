@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, NO_HEADS, PARAMS, VERIFY_ROUNDS, needs_heads, spec
+from .decoders import DECODERS, NO_HEADS, PARAMS, VERIFY_ROUNDS, DecoderParams, needs_heads, spec
 from .errors import SSDError
 from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
@@ -38,8 +38,7 @@ def validate(args) -> None:
     check_device(args.device)
     settings_from({}, args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   min_p=args.min_p)
-    for name, param in PARAMS.items():
-        param.check("--" + name.replace("_", "-"), getattr(args, name))
+    args.params = DecoderParams.read(args, shown=lambda name: "--" + name.replace("_", "-"))
     args.grid = parse_grid(args.grid)
     if args.command == "generate":
         spec(args.decoder)
@@ -165,9 +164,7 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else 0
     result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, min_p=args.min_p, draft_rows=args.draft_rows,
-                      verify_rounds=args.verify_rounds, window=args.window, stable_first_row=args.stable_first_row,
-                      adaptive_percent=args.adaptive_percent, repair=args.repair, grid=args.grid)
+                      top_p=args.top_p, min_p=args.min_p, params=args.params, grid=args.grid)
     tr = result.trace
     print(f"{args.decoder}: {tr.steps} steps, {tr.to_dict()['tokens_per_step']} tokens/step, "
           f"{tr.timings['wall']:.2f} s, nll {tr.nll:.4f} (untruncated {tr.nll_full:.4f}), {tr.counts}")
@@ -223,9 +220,7 @@ def cmd_bench(args) -> int:
         decoders=decoders, images=args.images,
         seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        draft_rows=args.draft_rows,
-        verify_rounds=VERIFY_ROUNDS.default if args.verify_rounds is None else args.verify_rounds,
-        window=args.window, repair=args.repair, grid=args.grid, ssd_rounds=args.ssd_rounds,
+        params=args.params, grid=args.grid, ssd_rounds=args.ssd_rounds,
         ssd_adaptive=args.ssd_adaptive,  # checked by validate(), as the lists below
         ssd_first_row=args.ssd_first_row or ((args.stable_first_row,) if args.stable_first_row is not None else ()),
         plot=args.plot,

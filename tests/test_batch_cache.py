@@ -75,8 +75,9 @@ def test_rows_of_different_lengths_match_their_single_sessions(family, mode, tmp
             assert torch.allclose(v[rows[i], :, P:P + held[i]], fv[:, :, -held[i]:], atol=1e-4)
 
 
-def test_a_finished_image_leaves_and_the_cache_shrinks_to_the_rest(tmp_path):
-    model = _model("llama-grid", tmp_path)
+@pytest.mark.parametrize("mode", ["off", "static"])
+def test_a_finished_image_leaves_and_the_cache_shrinks_to_the_rest(mode, tmp_path):
+    model = static_cache.enable(_model("llama-grid", tmp_path), mode)
     layout = model.layout(None)
     prompts = _prompts(model, layout)
     ids = model.code_to_id(torch.arange(layout.num_slots) % model.image_vocab_size)
@@ -84,8 +85,9 @@ def test_a_finished_image_leaves_and_the_cache_shrinks_to_the_rest(tmp_path):
     batch.forward(ids[:6])
     batch.crop(torch.tensor([6, 2, 6, 2]))  # image 0 (rows 0, 2) holds 6 slots, image 1 (rows 1, 3) holds 2
     batch.select(torch.tensor([1, 3]))  # image 0 is done
-    assert batch.held.tolist() == [2, 2] and batch.cached == 2 and batch.cache_tensors()[0][0].shape[2] == 1 + 2
-    single = model.start(prompts[1])
+    assert batch.held.tolist() == [2, 2] and batch.cached == 2 and batch.batch == 2
+    assert batch.cache_tensors()[0][0].shape[:3] == (2, 2, 1 + 2)  # rows, kv heads, prompt + slots
+    single = Session(model, prompts[1])
     single.forward(ids[:2])
     assert torch.allclose(batch.forward(ids[2:5]), single.forward(ids[2:5]), atol=1e-5)
 
@@ -126,3 +128,56 @@ def test_batches_on_the_static_cache_give_the_single_runs(decoder, tmp_path):
     plain = ssd_core.load_model(folder)
     singles = [ssd_core.generate(plain, heads, prompt=p, seed=s, **kw) for p, s in zip(prompts, seeds)]
     _same(batch, singles)
+
+
+def _rows_per_forward(model):
+    """A recorder of the rows each forward of the base model's first layer runs (the batch it computes)."""
+    sizes = []
+
+    def record(_module, args, kwargs):
+        sizes.append((args[0] if args else kwargs["hidden_states"]).shape[0])
+
+    return sizes, model.backbone().layers[0].register_forward_pre_hook(record, with_kwargs=True)
+
+
+@pytest.mark.parametrize("decoder", ["ssd-exact", "sjd"])
+def test_finished_images_leave_a_static_cache_batch(decoder, tmp_path):
+    """On the static cache too, an image that finishes leaves the batch: the forwards after it run on the other
+    images' rows alone, and every image keeps the tokens, statuses and steps of its single run."""
+    folder = make_llama_grid(tmp_path / "m", grid=(5, 6), row_end=True)
+    model = ssd_core.load_model(folder, compile="static")
+    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model) if decoder == "ssd-exact" \
+        else None
+    prompts, seeds = [0, 2, 1], [3, 40, 500]
+    kw = dict(decoder=decoder, cfg=3.0, temperature=1.0, top_k=5, draft_rows=2, decode_pixels=False, score=False)
+    sizes, hook = _rows_per_forward(model)
+    try:
+        batch = ssd_core.generate_batch(model, heads, prompts=prompts, seeds=seeds, **kw)
+    finally:
+        hook.remove()
+    plain = ssd_core.load_model(folder)
+    _same(batch, [ssd_core.generate(plain, heads, prompt=p, seed=s, **kw) for p, s in zip(prompts, seeds)])
+    steps = sorted(r.trace.steps for r in batch)
+    assert steps[0] < steps[-1]  # the images finished at different steps
+    assert sizes[0] == 6 and sizes == sorted(sizes, reverse=True) and sizes[-1] < 6, sizes  # 3 images x 2 streams
+    assert sizes.count(6) == steps[0] + 1  # the prefill and the steps of the first image to finish
+    _same(ssd_core.generate_batch(model, heads, prompts=prompts, seeds=seeds, **kw), batch)  # its cache, whole again
+
+
+def test_a_compiled_step_keeps_its_shape_when_images_leave(tmp_path):
+    """With compile 'compiled' the batch shrinks too, but the compiled step keeps the rows it was compiled for
+    (the spare ones repeat row 0): one graph for the whole run, no recompile mid-generation, and every image
+    gets its single run's tokens (backend 'eager': dynamo's graph capture, no compiler toolchain needed)."""
+    from torch._dynamo.utils import counters
+
+    folder = make_llama_grid(tmp_path / "m", grid=(5, 6), row_end=True)
+    model = static_cache.enable(ssd_core.load_model(folder), "compiled", buckets=(8,), backend="eager")
+    heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
+    prompts, seeds = [0, 2, 1], [3, 40, 500]
+    kw = dict(decoder="ssd-exact", cfg=3.0, temperature=1.0, top_k=5, draft_rows=2, decode_pixels=False, score=False)
+    graphs = counters["stats"]["unique_graphs"]
+    batch = ssd_core.generate_batch(model, heads, prompts=prompts, seeds=seeds, **kw)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert len({r.trace.steps for r in batch}) > 1  # images left while the others went on
+    plain = ssd_core.load_model(folder)
+    _same(batch, [ssd_core.generate(plain, heads, prompt=p, seed=s, **kw) for p, s in zip(prompts, seeds)])

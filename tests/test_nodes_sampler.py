@@ -83,7 +83,7 @@ def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
     assert (a["cfg"], a["temperature"], a["top_k"], a["top_p"], a["min_p"]) == (None,) * 5
     assert a["grid"] == b["grid"] == (12, 12)
     assert (b["cfg"], b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (2.5, 0.0, 5, 0.9, 0.05)
-    assert (b["draft_rows"], b["verify_rounds"]) == (2, 0)
+    assert (b["params"].draft_rows, b["params"].verify_rounds) == (2, 0)
     assert callable(a["on_step"]) and callable(a["should_cancel"])
     big = run(ref, decoder="ar", grid="4x4", seed=0xFFFFFFFFFFFFFFFF)  # the widget's largest seed
     assert big["result"][1]["seed"] == 0xFFFFFFFFFFFFFFFF

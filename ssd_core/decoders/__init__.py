@@ -1,13 +1,16 @@
 """The decoder registry: every decoder is a policy of the one loop in engine.py.
 
 A decoder is one file here (its Policy subclass) plus one line in DECODER_SPECS. The CLI, bench, the
-ComfyUI nodes and the engine read names, parameters, limits and defaults from this table.
+ComfyUI nodes and the engine read names, parameters, limits and defaults from this table; a generation's
+parameter values travel as one DecoderParams (made from PARAMS, checked once).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, make_dataclass, replace
 
 from ..errors import SSDError
+from ..limits import whole_number
 from .ar import ARPolicy
 from .exact import ExactPolicy
 from .sjd import SJDPolicy
@@ -24,12 +27,10 @@ class Param:
     default: int | None
     help: str
 
-    def check(self, name: str, value) -> None:
-        if value is None:  # None: the decoder's default
-            return
-        if int(value) != value or value < self.low or (self.high is not None and value > self.high):
-            limit = f"from {self.low} to {self.high}" if self.high is not None else f">= {self.low}"
-            raise SSDError(f"{name} must be a whole number {limit}, got {value}")
+    def check(self, name: str, value) -> int | None:
+        """value as an int within the limits, or one SSDError line naming it as `name`; None stays None (the
+        decoder's default)."""
+        return None if value is None else whole_number(name, value, self.low, self.high)
 
 
 NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
@@ -47,6 +48,56 @@ REPAIR = Param(0, 1, 1, "ssd: a committed token outside the top-k / min-p set of
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,
           "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT,
           "repair": REPAIR}  # every decoder parameter
+
+
+class _DecoderParams:
+    """What DecoderParams does besides holding its fields (one per PARAMS entry, None = the decoder's default)."""
+
+    def __post_init__(self):  # every value checked once, when the object is made: an int within its limits
+        for name, param in PARAMS.items():
+            object.__setattr__(self, name, param.check(name, getattr(self, name)))
+
+    @classmethod
+    def of(cls, params: DecoderParams | None = None, /, **values) -> DecoderParams:
+        """params (a DecoderParams or a dict of its values; None: all defaults) with the values given (None: not
+        given, params' value stays); a name outside PARAMS is refused (TypeError, as for an unknown keyword)."""
+        unknown = [name for name in values if name not in PARAMS]
+        if unknown:
+            raise TypeError(f"unknown decoder parameter {unknown[0]!r}; the decoder parameters are {', '.join(PARAMS)}")
+        if isinstance(params, Mapping):
+            params = cls.of(None, **params)
+        elif params is not None and not isinstance(params, cls):
+            raise SSDError(f"params must be a DecoderParams (or a dict of decoder parameters), got "
+                           f"{type(params).__name__}")
+        given = {name: value for name, value in values.items() if value is not None}
+        return replace(params, **given) if params is not None else cls(**given)
+
+    @classmethod
+    def read(cls, source, shown=lambda name: name) -> DecoderParams:
+        """The PARAMS-named attributes of `source` (e.g. the command line's arguments), each checked with its
+        error naming it as shown(name) (e.g. '--draft-rows')."""
+        return cls(**{name: param.check(shown(name), getattr(source, name, None)) for name, param in PARAMS.items()})
+
+    def given(self) -> dict:
+        """The values set (not None), by name."""
+        return {name: getattr(self, name) for name in PARAMS if getattr(self, name) is not None}
+
+    def for_decoder(self, decoder: str) -> dict:
+        """The keyword arguments of decoder's policy: the parameters it takes (its DecoderSpec), each as given,
+        else the decoder's own default, else the parameter's (draft_rows 0: the decoder's default)."""
+        chosen = spec(decoder)
+        given = {**self.given(), "draft_rows": self.draft_rows or None}
+        return {name: given[name] if given.get(name) is not None else chosen.defaults.get(name, PARAMS[name].default)
+                for name in chosen.params}
+
+
+DecoderParams = make_dataclass(
+    "DecoderParams", [(name, "int | None", field(default=None)) for name in PARAMS], bases=(_DecoderParams,),
+    frozen=True)
+DecoderParams.__module__ = __name__  # (make_dataclass's `module` argument: Python 3.12 and newer)
+DecoderParams.__doc__ = """Every decoder parameter (a field per PARAMS entry: its limits, default and help there), None
+= the decoder's default; frozen, checked when made. DecoderParams(draft_rows=2), DecoderParams.of(p, window=8),
+p.for_decoder('ssd'). The one object that api, the CLI, the nodes, bench and make_policy pass along."""
 
 
 @dataclass(frozen=True)
@@ -98,18 +149,10 @@ def without_heads() -> str:
     return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
 
 
-def make_policy(name: str, draft_rows: int | None = None, verify_rounds: int | None = None,
-                window: int | None = None, stable_first_row: int | None = None, adaptive_percent: int | None = None,
-                repair: int | None = None):
-    """The policy of decoder `name`; every parameter is checked against its limits, used or not; None takes
-    the decoder's own default, else the parameter's."""
-    given = {"draft_rows": draft_rows, "verify_rounds": verify_rounds, "window": window,
-             "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent, "repair": repair}
-    chosen = spec(name)
-    for key, value in given.items():
-        if value is not None:
-            PARAMS[key].check(key, value)
-    given["draft_rows"] = draft_rows or None  # 0: the decoder's own default
-    kwargs = {key: int(given[key]) if given[key] is not None else chosen.defaults.get(key, PARAMS[key].default)
-              for key in chosen.params}
-    return chosen.policy(**kwargs)
+def make_policy(name: str, params: DecoderParams | None = None, /, **values):
+    """The policy of decoder `name` with `params` (DecoderParams; None: the defaults) and any parameter values
+    given by name (checked against their limits, used or not). policy.params: the values it runs with."""
+    kwargs = DecoderParams.of(params, **values).for_decoder(name)
+    policy = spec(name).policy(**kwargs)
+    policy.params = kwargs
+    return policy
