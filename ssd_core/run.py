@@ -5,6 +5,9 @@ corrected, and how far the window grows; it touches the state only through Run's
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 
 from . import trace as T
@@ -273,7 +276,8 @@ class Policy:
     name = "policy"
     needs_heads = False  # refuses to run without heads
     uses_heads = False  # drafts with heads when they are given
-    params: dict = {}  # the decoder parameters it runs with, by name (make_policy sets them; the trace records them)
+    params: Mapping[str, int | None] = MappingProxyType({})  # the decoder parameters it runs with (make_policy
+    #                                                           sets them; the trace records them)
 
     def begin(self, run: Run) -> None:
         pass
