@@ -23,9 +23,8 @@ class ExactPolicy(Policy):
     needs_heads = False
     uses_heads = True  # heads draft when given; without, rows start as copies of the row above
 
-    def __init__(self, draft_rows: int = 1):
+    def __init__(self, draft_rows: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
         self.draft_rows = draft_rows
-        self.params = {"draft_rows": draft_rows}
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits)

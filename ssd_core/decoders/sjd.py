@@ -13,9 +13,8 @@ from ..sampling import acceptance, residual
 class SJDPolicy(Policy):
     name = "sjd"
 
-    def __init__(self, window: int = 16):
+    def __init__(self, window: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
         self.window = window
-        self.params = {"window": window}
 
     def update(self, run: Run, logits, features) -> None:
         start, end = run.start, run.end

@@ -25,12 +25,10 @@ class SSDPolicy(Policy):
     needs_heads = True
     uses_heads = True
 
-    def __init__(self, draft_rows: int = 1, verify_rounds: int = 2, stable_first_row: int = 2,
-                 adaptive_percent: int = 0, repair: int = 1):
+    def __init__(self, draft_rows: int, verify_rounds: int, stable_first_row: int, adaptive_percent: int, repair: int):
+        """Every parameter from decoders.make_policy (DECODER_SPECS' and PARAMS' defaults)."""
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
         self.stable_first_row, self.adaptive_percent, self.repair = stable_first_row, adaptive_percent, repair
-        self.params = {"draft_rows": draft_rows, "verify_rounds": verify_rounds,
-                       "stable_first_row": stable_first_row, "adaptive_percent": adaptive_percent, "repair": repair}
 
     def block_done(self, run: Run, first_slot: int, n: int, corrected: torch.Tensor):
         """Whether the block of n open slots from `first_slot` is final after this round (`corrected` [0-d]

@@ -9,9 +9,8 @@ from ..run import Policy, Run
 class ZipARPolicy(Policy):
     name = "zipar"
 
-    def __init__(self, window: int | None = None):
+    def __init__(self, window: int | None):  # None: a third of a row (decoders.make_policy passes it)
         self.window = window
-        self.params = {"window": window}
 
     def begin(self, run: Run) -> None:
         H, W = run.layout.grid
