@@ -14,7 +14,7 @@ import torch
 
 from .. import hub, model_files
 from ..errors import SSDError
-from ..session import Layout, Prompt, Session
+from ..session import KVSession, Layout, Prompt, Session
 
 
 def as_rows(rows) -> slice | torch.Tensor:
@@ -241,7 +241,7 @@ class GridModel:
         """Pre-norm features [..., d] -> float32 logits over the image vocabulary."""
         return self.head_logits(self.final_norm()(features)).float()
 
-    def start(self, prompt: Prompt, images: int = 1) -> Session:
+    def start(self, prompt: Prompt, images: int = 1) -> KVSession:
         """The KV-cache session of a prompt (images: how many images its rows carry, for the static cache)."""
         static = getattr(self, "static", None)  # set by static_cache.enable (the loaders' compile option)
         if static is not None:
