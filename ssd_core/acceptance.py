@@ -128,10 +128,11 @@ def _r(x) -> float:
     return round(float(x), 4)
 
 
-def record_checks(run, round_: int, a: int, b: int, p: torch.Tensor, q: torch.Tensor, accepted: torch.Tensor) -> None:
-    """Log one verification (round `round_`) of the image slots of ranks [a, b) (p, q [n, V] probabilities):
-    accepted and expected acceptance stay on the device until the run ends (`check_rows`)."""
-    run.checks.append((round_, a, b, torch.stack([accepted.float(), torch.minimum(p, q).sum(-1).float()])))
+def record_checks(run, round_: int, a: int, b: int, rejected: torch.Tensor, mass: torch.Tensor) -> None:
+    """Log one verification (round `round_`) of the image slots of ranks [a, b): rejected [n] bool and the
+    residual mass [n, 1] or [n] (sum_v max(0, p - q) = 1 - the expected acceptance, `residual_and_mass`). Both stay
+    on the device as they are, no op spent in the step; `check_rows` reads them all once when the run ends."""
+    run.checks.append((round_, a, b, rejected, mass))
 
 
 def check_rows(run) -> list[torch.Tensor]:
@@ -140,13 +141,13 @@ def check_rows(run) -> list[torch.Tensor]:
         return []
     W, stride = run.layout.grid[1], run.layout.row_stride
     col = (torch.tensor(run.image_slots) % stride).clamp(max=W - 1).float()
-    values = torch.cat([c[3] for c in run.checks], 1).cpu()  # one copy for the whole run
-    out, at = [], 0
-    for round_, a, b, _ in run.checks:
-        n = b - a
-        out.append(torch.stack([torch.full((n,), float(round_)), col[a:b], values[0, at:at + n], values[1, at:at + n]], 1))
-        at += n
-    return out
+    rejected = torch.cat([c[3].reshape(-1) for c in run.checks])
+    mass = torch.cat([c[4].reshape(-1) for c in run.checks])
+    values = torch.stack([(~rejected).float(), 1 - mass.float()]).cpu()  # one copy for the whole run
+    rounds = torch.cat([torch.full((b - a,), float(r)) for r, a, b, *_ in run.checks])
+    cols = torch.cat([col[a:b] for _, a, b, *_ in run.checks])
+    rows = torch.stack([rounds, cols, values[0], values[1]], 1)
+    return list(rows.split([b - a for _, a, b, *_ in run.checks]))
 
 
 def summarize_checks(checks: list) -> dict:

@@ -57,12 +57,12 @@ def test_exact_rule_with_reanchoring_is_still_ar(tiny, seed):
 def test_exact_rule_reanchors_after_each_correction(tiny, monkeypatch):
     """Every correction that leaves open window slots re-anchors: FIRST_ROW_REDRAFT cells in the first row,
     one cell below it."""
-    from ssd_core.decoders import exact
+    from ssd_core.decoders import drafting, exact
 
     model, heads = tiny
     layout = model.layout(None)
     calls = []
-    monkeypatch.setattr(exact, "reanchor_row", lambda run, k, cells, **kw: calls.append((k, cells)) or reanchor_row(run, k, cells, **kw))
+    monkeypatch.setattr(drafting, "reanchor_row", lambda run, k, cells, **kw: calls.append((k, cells)) or reanchor_row(run, k, cells, **kw))
     ssd_core.generate(model, heads, decoder="ssd-exact", prompt=1, seed=2, cfg=3.0, top_k=8, score=False)
     assert any(k < layout.row_stride for k, _ in calls) and any(k >= layout.row_stride for k, _ in calls)
     assert all(cells == (exact.FIRST_ROW_REDRAFT if k < layout.row_stride else 1) for k, cells in calls)

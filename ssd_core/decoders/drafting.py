@@ -1,9 +1,14 @@
-"""Drafting with the heads: Hh chains along a row, Hv drafts a whole row from the row above."""
+"""Drafters: what proposes the window's new tokens, apart from the verification (the policies).
+
+HeadsDrafter drafts with the heads (Hh chains along a row, Hv a row from the row above); RowCopyDrafter drafts
+without them (copies of the row above); WindowDrafter keeps sjd's window of guesses. A policy holds drafter
+objects and never asks whether heads exist (`drafter_for` does, once). The functions below are their parts."""
 from __future__ import annotations
 
 import torch
 
 from ..run import Run
+from ..sampling import draw_probs, uniforms
 
 
 def feature(run: Run, slot: int) -> torch.Tensor:
@@ -15,7 +20,85 @@ def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
     return run.model.embed(ids[None])[0]  # [n] ids -> [n, d]
 
 
-def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
+class Drafter:
+    """What a policy drafts with, apart from how it verifies (as transformers keeps its CandidateGenerator apart
+    from the verify loop): `draft` proposes tokens for the window's new slots [run.end, target) (get candidates),
+    `corrected` hears that the verifier corrected a slot under the exact rule (update), so that the drafter may
+    re-draft the window's cells after it. A policy holds its drafters (made in its `begin`, one per run)."""
+
+    uses_heads = False  # it drafts with the run's heads (bench and stats say so)
+
+    def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
+        """Fill the slots [run.end, target) with drafts and move the window's end there; latest [V]: the
+        verifier's latest log p (the exact rule's outputs), for drafters that start from it. can_sync: nothing
+        was copied to the host in this step yet, so the drafter may make the step's one copy (Run.sync)."""
+        raise NotImplementedError
+
+    def corrected(self, run: Run, slot: int) -> None:
+        """The verifier just corrected `slot` (final, not yet fed); the window's later cells keep the verifier's
+        outputs unless the drafter re-drafts them."""
+
+
+class RowCopyDrafter(Drafter):
+    """Without heads: a cell below the first row starts as a copy of the cell above; a first-row cell as the
+    Gumbel pick of the verifier's latest log p with its own slot's noise (draft_without_heads)."""
+
+    def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
+        draft_without_heads(run, target, latest)
+
+
+def coupled(run: Run, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """The exact rule's pick: the Gumbel-max draw of log p [n, V] with each slot's own noise (image ranks [a, b)),
+    the draw the verifier makes for the same slot and distribution."""
+    return run.gumbel_sample(logp, a, b)
+
+
+def sampled(run: Run, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """The lossy rule's pick (ssd): an independent draw from each q = exp(log p) [n, V] by the run's generator,
+    q recorded for the acceptance test (put_q)."""
+    p = logp.exp()
+    run.put_q(a, p)
+    return run.sample_probs(p)
+
+
+class HeadsDrafter(Drafter):
+    """Drafts with the heads: an Hh chain along the first row, Hv for the rows below (from the row above;
+    vertical_left heads left to right, or by `sweeps` Jacobi sweeps over the whole row, _jacobi_row); after a
+    correction, an Hh chain re-drafts the cells after the corrected token (reanchor_row).
+
+    pick(run, logp [n, V], a, b) -> codes [n] for the image slots of ranks [a, b): `coupled` (the exact rule) or
+    `sampled` (ssd; its left-to-right rows are found by certified sweeps, _certified_row, when the step may copy
+    to the host: the same drafts for ~2.5x fewer ops). redraft: cells re-drafted after a correction in the first
+    row (None: the rest of the row); one cell below it. last_feature: the last re-drafted cell's feature is
+    written too (nothing drafts from it in this window; ssd keeps writing it so that its images stay as they
+    were)."""
+
+    uses_heads = True
+
+    def __init__(self, pick=coupled, sweeps: int = 0, redraft: int | None = None, last_feature: bool = False):
+        self.pick, self.sweeps, self.redraft, self.last_feature = pick, sweeps, redraft, last_feature
+
+    def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
+        certify = CERTIFY_SWEEPS if self.pick is sampled and can_sync else 0
+        draft(run, target, lambda logp, a, b: self.pick(run, logp, a, b), self.sweeps, certify)
+
+    def corrected(self, run: Run, slot: int) -> None:
+        first_row = slot < run.layout.row_stride
+        cells = (self.redraft or run.layout.grid[1]) if first_row else 1
+        reanchor_row(run, slot, cells, last_feature=self.last_feature)
+
+
+def drafter_for(run: Run, use_heads: bool = True, **options) -> Drafter:
+    """The drafter of a decoder that drafts with heads when the run has them (and `use_heads`): HeadsDrafter(
+    **options), else RowCopyDrafter. The one place that asks whether there are heads."""
+    return HeadsDrafter(**options) if use_heads and run.heads is not None else RowCopyDrafter()
+
+
+CERTIFY_SWEEPS = 6  # ssd's rows below: Jacobi sweeps before the one host copy (_certified_row; the fewest ops
+#                    on the bundled model: 6-7 sweeps, then ~4 cells a row left to the chain)
+
+
+def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> None:
     """Fill slots [run.end, target) with drafts; pick(logp [n, V], a, b) -> codes [n] for the image slots
     of ranks [a, b).
 
@@ -25,6 +108,8 @@ def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
     Heads with `vertical_left` draft a Hv row left to right: each cell's feature also reads the token just
     drafted there (acceptance.vertical_drafts); jacobi > 0: instead, every cell of the stretch at once, that
     many sweeps from the row above's tokens (_jacobi_row: a few head calls a row instead of one per cell).
+    certify > 0 (`sampled` picks, once a step): the left-to-right drafts themselves, by that many sweeps and one
+    host copy (_certified_row; at most one row of a step, since a step copies once).
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
@@ -38,6 +123,9 @@ def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
         if s >= stride:  # vertical: from the row above
             if heads.vertical_left and jacobi and stop - s > 1:  # the whole stretch at once, a few sweeps
                 codes = _jacobi_row(run, s, stop, pick, jacobi)
+            elif heads.vertical_left and certify and stop - s > 1:  # the chain's drafts, found by sweeps
+                codes = _certified_row(run, s, stop, certify)
+                certify = 0  # the step's one host copy is made
             elif heads.vertical_left:  # left to right: each cell's feature also reads the token drafted there
                 codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_steps(run, s, stop))
             else:  # the whole stretch in one call from the row above
@@ -56,13 +144,14 @@ def draft(run: Run, target: int, pick, jacobi: int = 0) -> None:
         s = run.end
 
 
-def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last_feature: bool = True) -> torch.Tensor:
+def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last_feature: bool = True,
+           before: torch.Tensor | None = None) -> torch.Tensor:
     """A chain along the image slots [lo, hi) of one row from prev [B, d], the feature of the slot before lo: each
     slot's code is pick's draw from the q of the feature before it, then its feature is step(run, t, prev, e(code),
-    e(code before it in the chain, None at lo)) (default Hh(prev, e(code)); `_left_steps` for a vertical_left Hv); the
-    features are written (last_feature False: not the last slot's, which nothing drafts from). -> codes [hi - lo]."""
-    picked, before = [], None
-    run.check_heads(prev, run.slots(lo, lo + 1))  # the feature drafting lo (the rest: checked below)
+    e(code before it in the chain; at lo `before`, None: the step's own)) (default Hh(prev, e(code)); `_left_steps`
+    for a vertical_left Hv); the features are written (last_feature False: not the last slot's, which nothing
+    drafts from); the features that drafted the slots are checked once (Run.check_heads). -> codes [hi - lo]."""
+    picked, made = [], [prev]
     for t in range(lo, hi):
         code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
                     run.rank[t] + 1)
@@ -73,10 +162,11 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
         with torch.no_grad():
             prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
         before = token
-        run.features[:, t] = prev
+        made.append(prev)
         run.head_calls += 1
-    if hi - lo > 1:
-        run.check_heads(run.features[:, lo:hi - 1], run.slots(lo + 1, hi))
+    feats = torch.stack(made, 1)  # [B, 1 + written, d]: the feature before lo, then those of lo, lo + 1, ...
+    run.check_heads(feats[:, :hi - lo], run.slots(lo, hi))
+    run.features[:, lo:lo + len(made) - 1] = feats[:, 1:]  # one write for the chain
     return torch.cat(picked)
 
 
@@ -102,6 +192,58 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
         run.check_heads(prev, slots)
         codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[lo], run.rank[hi])
     run.features[:, lo:hi] = feats
+    return codes
+
+
+def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
+    """ssd's drafts of the image slots [lo, hi) of a row below the first with vertical_left heads: exactly the
+    left-to-right chain's (each cell an independent draw from its q, the same numbers of the run's generator), for
+    `sweeps` Jacobi sweeps over the whole row, one host copy and a chain over the cells the sweeps left uncertain.
+
+    Each cell's draw is made first (`uniforms`, the numbers the chain takes one a cell), so a cell's code is a
+    function of the two codes on its left: code[t] = F_t(code[t-1], code[t-2]). Each sweep applies every F_t to the
+    last sweep's codes (the first guess: the row above's tokens). If the last sweep moved no code before cell m,
+    the inputs of every cell up to m were already their final values, so codes [0, m] are the chain's (Jacobi's
+    fixed point, reached from the left). The host learns m with the step's one copy (Run.sync); the chain drafts
+    the cells after m. Bundled model: 6 sweeps leave ~4 of 24 cells to the chain (measured: the chain ~1,070 ops
+    a row, this ~400). The q of every drafted cell is recorded, the features written, as the chain does."""
+    stride, a, n = run.layout.row_stride, run.rank[lo], hi - lo
+    slots = run.slots(lo, hi)
+    u = uniforms(run.rng, n)  # [n, 1] the chain's draws, one a cell in slot order
+    parts = _row_above(run, lo, hi)
+    above, before_lo = parts
+    start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
+    codes = run.codes[slots - stride]  # the first guess: the row above's tokens
+    for _ in range(sweeps):
+        tokens = _embed(run, run.id_of_code[codes])  # [n, d]
+        with torch.no_grad():  # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
+            feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
+        run.head_calls += 1
+        prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
+        p = run.logp(run.model.image_logits(prev), slots, "heads").exp()  # [n, V] each cell's q
+        guess, codes = codes, draw_probs(p, run.rng, u)
+    run.check_heads(prev, slots)
+    m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
+    if m >= n:  # a fixed point: every code, q and feature is the chain's
+        run.put_q(a, p)
+        run.features[:, lo:hi] = feats
+        return codes
+    run.features[:, lo:lo + m] = feats[:, :m]  # features of cells whose two codes were final
+    qs = [p[:m + 1]]
+    step = _left_steps(run, lo, hi, parts)
+    e = _embed(run, run.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
+    with torch.no_grad():  # the feature at cell m (from its final code), which drafts cell m + 1
+        f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)
+    run.features[:, lo + m] = f
+    run.head_calls += 1
+    if m + 1 < n:
+        def pick(logp, i, j):  # the chain's draw with the cell's own uniform
+            q = logp.exp()
+            qs.append(q)
+            return draw_probs(q, run.rng, u[i - a:j - a])
+
+        codes = torch.cat([codes[:m + 1], _chain(run, f, lo + m + 1, hi, pick, step, before=e[-1])])
+    run.put_q(a, torch.cat(qs))
     return codes
 
 
@@ -132,13 +274,13 @@ def _vertical(run: Run, above: list, token: torch.Tensor, before: torch.Tensor) 
     return run.heads.vertical(f_up, e_up, token, f_right, e_right, *more)
 
 
-def _left_steps(run: Run, lo: int, hi: int):
+def _left_steps(run: Run, lo: int, hi: int, parts: tuple | None = None):
     """The step of a vertical_left Hv chain over slots [lo, hi) of a row below the first: step(run, t, prev, token,
     before) -> [B, d] the feature at slot t (which drafts slot t + 1), from the row above and t's token embedding
     [d] (not from prev, the feature on the left); vertical_left 2 also reads the token of slot t - 1 (`before`,
     drafted just before in this chain; None at lo: the slot's id) and the cell above-left. The row above's parts
-    are looked up once for the whole chain (_row_above)."""
-    above, before_lo = _row_above(run, lo, hi)
+    are looked up once for the whole chain (_row_above; `parts`: already looked up)."""
+    above, before_lo = parts or _row_above(run, lo, hi)
 
     def step(run: Run, t: int, prev: torch.Tensor, token: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
         i = t - lo
@@ -202,3 +344,33 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
                 return
             run.set_tokens(slots, codes)
         run.set_end(stop)
+
+
+class WindowDrafter(Drafter):
+    """sjd's guesses (as its authors release them): the window keeps `window` open image slots, grown a row (or
+    less) at a time; a new cell starts as the token above it (q one-hot on it), in the first row (or with nothing
+    drafted above) as a uniform random code (q uniform)."""
+
+    def __init__(self, window: int):
+        self.window = window
+
+    def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
+        stride, V = run.layout.row_stride, run.V
+        while run.end < min(target, run.L):
+            a, b = run.open_span(run.start, run.end)
+            need = self.window - max(0, b - a)
+            if need <= 0:
+                return
+            s = run.end
+            lo = run.rank[s]
+            hi = min(lo + need, run.rank[min(run.L, s + stride)])  # slots above these are drafted already
+            if hi <= lo:
+                return
+            slots = run.image_ids[lo:hi]
+            above = run.codes[(slots - stride).clamp(min=0)]
+            first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
+            codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
+            q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
+            run.set_tokens(slots, codes)
+            run.put_q(lo, q)
+            run.set_end(run.image_slots[hi - 1] + 1)

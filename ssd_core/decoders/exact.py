@@ -11,7 +11,7 @@ Without heads the new rows start as copies of the row above, and the first row f
 output. The choices and their measured steps and ops per step: docs/speed.md, "GPUs and Macs"."""
 
 from ..run import Policy, Run
-from .drafting import draft, draft_without_heads, reanchor_row, rows_end
+from .drafting import Drafter, coupled, drafter_for, rows_end
 
 
 FIRST_ROW_REDRAFT = 4  # cells re-drafted by Hh after a correction in the first row (the rest keep the verifier's)
@@ -26,23 +26,23 @@ class ExactPolicy(Policy):
     def __init__(self, draft_rows: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
         self.draft_rows = draft_rows
 
+    def begin(self, run: Run) -> None:
+        # the heads' drafts (Gumbel-coupled, a new row in JACOBI_SWEEPS sweeps, FIRST_ROW_REDRAFT cells re-drafted
+        # after a correction in the first row), or without heads copies of the row above
+        self.drafter = drafter_for(run, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
+
     def update(self, run: Run, logits, features) -> None:
-        latest = verify(run, logits)
+        latest = verify(run, logits, self.drafter)
         if run.done:
             return
-        target = rows_end(run, run.first_open, self.draft_rows)
-        if run.heads is not None:
-            draft(run, target, run.gumbel_sample, JACOBI_SWEEPS)
-        else:
-            draft_without_heads(run, target, latest)
+        self.drafter.draft(run, rows_end(run, run.first_open, self.draft_rows), latest)
 
 
-def verify(run: Run, logits, stop: int | None = None, lean: bool = True):
+def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     """Prefix acceptance of the window against the verifier's Gumbel-coupled outputs (which become the drafts
     of the slots not yet final); returns the verifier's log p [V] at the window's last open slot (or None).
-    stop: no slot from `stop` on is decided (the window does not grow past it). lean (ssd-exact): the cheaper
-    re-drafts (FIRST_ROW_REDRAFT cells, no feature for the last); ssd keeps the whole-row ones, so that the
-    features its lossy rows are drafted from, and so its images, stay as they were."""
+    After a correction the drafter may re-draft the window's cells after it (`Drafter.corrected`).
+    stop: no slot from `stop` on is decided (the window does not grow past it)."""
     start, end = run.start, run.end
     a, b = run.open_span(start, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
     if b == a:
@@ -61,10 +61,8 @@ def verify(run: Run, logits, stop: int | None = None, lean: bool = True):
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
     last_final = run.image_slots[a + n_final - 1]
-    if run.heads is not None and n_final < b - a:  # a correction: re-draft after it from the corrected token
-        first_row = last_final < run.layout.row_stride
-        cells = (FIRST_ROW_REDRAFT if lean else run.layout.grid[1]) if first_row else 1
-        reanchor_row(run, last_final, cells, last_feature=not lean)
+    if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
+        drafter.corrected(run, last_final)
     run.advance(last_final + 1)
     if last >= end and end < run.L:
         run.set_end(end + 1)

@@ -8,6 +8,7 @@ import torch
 
 from ..run import Policy, Run
 from ..sampling import acceptance, residual
+from .drafting import WindowDrafter
 
 
 class SJDPolicy(Policy):
@@ -15,6 +16,9 @@ class SJDPolicy(Policy):
 
     def __init__(self, window: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
         self.window = window
+
+    def begin(self, run: Run) -> None:
+        self.drafter = WindowDrafter(self.window)  # the window's guesses: the token above, else uniform random
 
     def update(self, run: Run, logits, features) -> None:
         start, end = run.start, run.end
@@ -42,26 +46,4 @@ class SJDPolicy(Policy):
             run.finalize(one)
             run.advance(s + 1)
             run.set_end(s + 1)
-        self._extend(run)
-
-    def _extend(self, run: Run) -> None:
-        """Grow the window to `window` open slots, a row (or less) at a time."""
-        stride, V = run.layout.row_stride, run.V
-        while run.end < run.L:
-            a, b = run.open_span(run.start, run.end)
-            need = self.window - max(0, b - a)
-            if need <= 0:
-                return
-            s = run.end
-            lo = run.rank[s]
-            hi = min(lo + need, run.rank[min(run.L, s + stride)])  # slots above these are drafted already
-            if hi <= lo:
-                return
-            slots = run.image_ids[lo:hi]
-            above = run.codes[(slots - stride).clamp(min=0)]
-            first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
-            codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
-            q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
-            run.set_tokens(slots, codes)
-            run.put_q(lo, q)
-            run.set_end(run.image_slots[hi - 1] + 1)
+        self.drafter.draft(run, run.L)

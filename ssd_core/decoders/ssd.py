@@ -15,8 +15,8 @@ import torch
 
 from ..acceptance import record_checks
 from ..run import Policy, Run
-from ..sampling import acceptance, residual
-from .drafting import draft, rows_end
+from ..sampling import rejected, residual_and_mass
+from .drafting import HeadsDrafter, coupled, rows_end, sampled
 from .exact import verify as verify_exactly
 
 
@@ -30,42 +30,47 @@ class SSDPolicy(Policy):
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
         self.stable_first_row, self.adaptive_percent, self.repair = stable_first_row, adaptive_percent, repair
 
-    def block_done(self, run: Run, first_slot: int, n: int, corrected: torch.Tensor):
-        """Whether the block of n open slots from `first_slot` is final after this round (`corrected` [0-d]
-        of them resampled): a bool, or a 0-d bool tensor when it depends on this round's corrections."""
+    def block_done(self, run: Run, first_slot: int, n: int, resampled: torch.Tensor):
+        """Whether the block of n open slots from `first_slot` is final after this round (`resampled` [n] bool:
+        the slots resampled): a bool, or a 0-d bool tensor when it depends on this round's corrections."""
         rounds = self.rounds  # verification rounds done (the block's slots alike)
         if self.stable_first_row and first_slot < run.layout.row_stride:
-            return (corrected == 0) | (rounds > run.layout.grid[1])
+            return (resampled.sum() == 0) | (rounds > run.layout.grid[1])
         if self.adaptive_percent:
-            return (corrected * 100 <= self.adaptive_percent * n) | (rounds > self.verify_rounds)
+            return (resampled.sum() * 100 <= self.adaptive_percent * n) | (rounds > self.verify_rounds)
         return rounds > self.verify_rounds
 
     def begin(self, run: Run) -> None:
         self.rounds = 0
+        # the first row by the exact rule (stable_first_row 2): Gumbel-coupled Hh drafts, the rest of the row
+        # re-drafted after each correction with every feature written (so that ssd's images stay as they were)
+        self.first_row = HeadsDrafter(coupled, redraft=None, last_feature=True)
+        self.blocks = HeadsDrafter(sampled)  # the lossy blocks: independent draws, q recorded
 
     def update(self, run: Run, logits, features) -> None:
-        stride = run.layout.row_stride
+        stride, syncs = run.layout.row_stride, run.syncs
         if self.repair and run.start < run.first_open:
             self.repair_committed(run, logits)
         if self.stable_first_row == 2 and run.first_open < stride:  # the first row as ar draws it
-            verify_exactly(run, logits, stop=stride, lean=False)
+            verify_exactly(run, logits, self.first_row, stop=stride)
             if run.first_open < stride:
-                draft(run, stride, run.gumbel_sample)
+                self.first_row.draft(run, stride)
                 return  # else the first row is final: the first lossy block is drafted below
         start = run.start
         a, b = run.open_span(start, run.end)
         if b > a:
             self.rounds += 1
             slots = run.image_ids[a:b]
-            p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] verifier, on the model's device
+            p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] verifier, on the model's device
             q = run.q_at(a, b)  # [n, V] what each token was drawn from
             tok = run.codes[slots]
-            rejected = run.uniform(b - a) >= acceptance(p, q, tok)
-            record_checks(run, self.rounds - 1, a, b, p, q, ~rejected)
-            fixes = run.sample_probs(residual(p, q))  # a residual draw for every slot
-            run.set_tokens(slots, torch.where(rejected, fixes, tok), draft=False)
+            bad = rejected(run.uniform(b - a), p, q, tok)
+            fix, mass = residual_and_mass(p, q)
+            record_checks(run, self.rounds - 1, a, b, bad, mass)
+            fixes = run.sample_probs(fix)  # a residual draw for every slot
+            run.set_tokens(slots, torch.where(bad, fixes, tok), draft=False)
             run.put_q(a, p)  # each token is now a sample of this round's p
-            done = self.block_done(run, run.image_slots[a], b - a, rejected.sum())
+            done = self.block_done(run, run.image_slots[a], b - a, bad)
             if isinstance(done, torch.Tensor):
                 run.finalize(slots, done)
                 done = bool(run.sync(done)[0])
@@ -75,7 +80,8 @@ class SSDPolicy(Policy):
                 run.advance(run.end)
         if run.first_open >= run.end and run.end < run.L:
             self.rounds = 0
-            draft(run, rows_end(run, run.end, self.draft_rows), self._pick(run))
+            # no host copy made yet in this step: the drafter may make it (its rows' drafts found by sweeps)
+            self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.syncs == syncs)
 
     @staticmethod
     def repair_committed(run: Run, logits) -> None:
@@ -89,16 +95,16 @@ class SSDPolicy(Policy):
         if b <= a:
             return
         slots = run.image_ids[a:b]
-        p = run.logp(logits[:, slots - run.start], slots).exp()  # [n, V] each token's final-context p
+        p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] each token's final-context p
         tok = run.codes[slots]
         outside = p.gather(1, tok[:, None]).squeeze(1) <= 0
         run.set_tokens(slots, torch.where(outside, run.sample_probs(p), tok), draft=False)
 
-    @staticmethod
-    def _pick(run: Run):
-        def pick(logp, a, b):
-            p = logp.exp()
-            run.put_q(a, p)
-            codes = run.sample_probs(p)
-            return codes
-        return pick
+
+def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """[B, n, V] the logits of the image slots of ranks [a, b) out of the step's logits: a view when the slots are
+    consecutive (a row: no gather op), else gathered."""
+    lo = run.image_slots[a] - run.start
+    if run.image_slots[b - 1] - run.image_slots[a] == b - a - 1:
+        return logits[:, lo:lo + b - a]
+    return logits[:, run.image_ids[a:b] - run.start]
