@@ -59,26 +59,9 @@ def validate(args) -> None:
         check_output(args.plot, "--plot", image_extensions(), make_folder=True)
         check_output_dir(args.out_dir, "--out-dir")
     elif args.command == "train-heads":
-        from .train import TrainConfig, check_features_file
+        from .training.cli import validate as validate_train
 
-        check_output(args.out, "--out", {".safetensors"})
-        check_features_file(args.features, "--features")
-        for flag, files in (("--grids", args.grids), ("--heldout-grids", args.heldout_grids)):
-            for one in (files.split(",") if files else []):
-                if not Path(one).is_file():
-                    raise SSDError(f"{flag} {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
-                                   "and 'classes' [N]")
-        samples = args.samples if args.samples is not None else (0 if args.grids else 256)
-        if samples < 1 and not args.grids:
-            raise SSDError(f"train-heads samples must be a whole number >= 1 (or 0 with --grids FILE), got {samples}")
-        args.train_config = TrainConfig(samples=samples, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
-                                        ce_weight=args.ce_weight, kl_weight=args.kl_weight, tv_weight=args.tv_weight,
-                                        unroll=args.unroll, vertical_intermediate=args.vertical_intermediate,
-                                        seed=args.seed, batch_grids=args.batch, gen_batch=args.gen_batch,
-                                        max_steps=args.max_steps, stale_share=args.stale_share,
-                                        vertical_left=args.vertical_left, checkpoint_every=args.checkpoint_every,
-                                        until=_clock_time(args.until), vertical_shift=args.vertical_shift,
-                                        init=args.init, train=args.train)
+        validate_train(args)
 
 
 def _whole_list(text, flag: str, param, example: str) -> tuple[int, ...]:
@@ -92,22 +75,6 @@ def _whole_list(text, flag: str, param, example: str) -> tuple[int, ...]:
     for value in values:
         param.check(flag, value)
     return values
-
-
-def _clock_time(text):
-    """'HH:MM' -> that time today as time.time() (None -> None)."""
-    if text is None:
-        return None
-    import datetime
-
-    try:
-        hour, minute = (int(v) for v in text.split(":"))
-        when = datetime.datetime.now().replace(hour=hour, minute=minute, second=0, microsecond=0)
-    except ValueError:
-        raise SSDError(f"--until {text!r} is not a clock time: give HH:MM, e.g. 16:50") from None
-    if when <= datetime.datetime.now():
-        raise SSDError(f"--until {text} has passed already: give a later time today")
-    return when.timestamp()
 
 
 def _sampler_flags(p: argparse.ArgumentParser) -> None:
@@ -190,22 +157,9 @@ def cmd_generate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .sampling import settings_from
-    from .train import train_heads
+    from .training.cli import command
 
-    model, _ = _load(args)
-    settings = settings_from(model.defaults, args.seed, cfg=args.cfg, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
-    cfg = args.train_config
-    from .train import read_grids
-
-    prompts, grids = read_grids(args.grids, model) if args.grids else (None, None)
-    held = read_grids(args.heldout_grids, model) if args.heldout_grids else None
-    _, report = train_heads(model, args.out, cfg, settings, grids=grids, grid_prompts=prompts,
-                            features=args.features, heldout_grids=held)
-    print(json.dumps(report))
-    print(f"wrote {args.out}")
-    return 0
+    return command(args)
 
 
 def cmd_bench(args) -> int:
@@ -257,47 +211,11 @@ def _generate_parser(sub) -> None:
 
 
 def _train_parser(sub) -> None:
-    t = sub.add_parser("train-heads", help="self-distil the draft heads for a model")
+    from .training.cli import add_flags
+
+    t = sub.add_parser("train-heads", help="self-distil the draft heads for a model (docs/heads.md)")
     _sampler_flags(t)
-    t.add_argument("--out", required=True)
-    t.add_argument("--samples", type=int, default=None,
-                   help="grids the model samples itself (default 256, or 0 with --grids: both are joined)")
-    t.add_argument("--heldout", type=int, default=16)
-    t.add_argument("--epochs", type=int, default=4)
-    t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--ce-weight", type=float, default=0.1, help="argmax cross-entropy of the drafts (0 = off)")
-    t.add_argument("--kl-weight", type=float, default=1.0,
-                   help="KL of the model's processed guided distribution against the draft's (0 = off)")
-    t.add_argument("--tv-weight", type=float, default=0.0, help="the drafts' expected rejection 1 - sum min(p, q) "
-                   "of the same distributions, what acceptance is (0 = off)")
-    t.add_argument("--unroll", type=int, default=0, help="horizontal head trained on its own outputs along "
-                   "rows to this chain depth (0 = the row's width - 1, 1 = teacher-forced pairs only)")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
-    t.add_argument("--stale-share", type=float, default=0.0, help="train Hv on features with this share of "
-                   "tokens changed, as it meets them in ssd (the last verify round changes some; 0 = true features)")
-    t.add_argument("--until", default=None, help="HH:MM (this machine's clock, today): stop training then; the "
-                   "one-cycle learning-rate schedule runs on the time left (--max-steps stays a cap)")
-    t.add_argument("--checkpoint-every", type=int, default=0, help="every N steps: log the held-out expected "
-                   "acceptance and save the heads so far beside --out (0 = off)")
-    t.add_argument("--vertical-left", type=int, nargs="?", const=1, default=0, choices=[0, 1, 2], help="1 (the "
-                   "value of a bare --vertical-left): Hv also reads the token drafted on the left of the cell it drafts "
-                   "and the cell above-right (rows drafted left to right, one head call per cell); 2: also the token "
-                   "two to the left and the cell above-left; a --init Hv that reads less starts as itself")
-    t.add_argument("--vertical-shift", type=int, default=0, choices=[0, 1], help="columns to the right that Hv "
-                   "reads in the row above: 0 = the cell above the predicted feature (the paper), 1 = the cell above "
-                   "the drafted cell")
-    t.add_argument("--vertical-intermediate", type=int, default=None, help="width of Hv's MLP (default: Hh's, or "
-                   "--init's Hv; wider than --init's: its units kept, the new ones start adding nothing)")
-    t.add_argument("--init", default=None, help="heads file for this model to start from (warm start)")
-    t.add_argument("--train", default="both", choices=["both", "vertical", "horizontal"], help="which heads learn "
-                   "(vertical / horizontal: the other stays as in --init)")
-    t.add_argument("--features", default=None, help="store / reuse the training grids' features in this file")
-    t.add_argument("--heldout-grids", default=None, help="score on these grids (safetensors, like --grids) "
-                   "instead of the last --heldout training grids")
-    t.add_argument("--batch", type=int, default=8, help="grids per optimiser step")
-    t.add_argument("--gen-batch", type=int, default=8, help="grids generated at once")
-    t.add_argument("--grids", default=None, help="train on these grids (safetensors: tokens [N,H,W], classes [N]; "
-                   "comma-separated files are joined) instead of sampling the model")
+    add_flags(t)
     t.set_defaults(func=cmd_train)
 
 

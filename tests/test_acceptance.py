@@ -55,7 +55,7 @@ def test_first_cell_after_a_row_end_is_drafted_from_a_feature(tiny, draft_rows):
 
 def test_heads_acceptance_reports_depths_columns_and_beats_untrained(tiny, tmp_path):
     model, _ = tiny
-    from ssd_core.train import TrainConfig, collect_features, generate_grids, train_heads
+    from ssd_core.training import TrainConfig, collect_features, generate_grids, train_heads
 
     heads, report = train_heads(model, tmp_path / "h.safetensors",
                                 TrainConfig(samples=16, heldout=4, epochs=8, gen_batch=8), log=lambda *_: None)

@@ -782,7 +782,7 @@ CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
 @pytest.fixture
 def no_sampling(monkeypatch):
     import ssd_core.api as api
-    import ssd_core.train as train
+    import ssd_core.training.data as train
 
     stop = lambda *a, **k: pytest.fail("sampling started before the command line was checked")  # noqa: E731
     monkeypatch.setattr(api, "decode_batch", stop)

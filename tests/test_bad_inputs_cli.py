@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 import ssd_core
 from ssd_core import cli
-from ssd_core.train import TrainConfig, train_heads
+from ssd_core.training import TrainConfig, train_heads
 from test_bad_inputs import one_line
 from tiny import make_heads, make_llama_grid
 
@@ -40,12 +40,13 @@ def no_work(monkeypatch):
     """Sampling, grid generation, feature passes and training all fail the test: the input had to be refused
     before any of them."""
     import ssd_core.api as api
-    import ssd_core.train as train
+    import ssd_core.training.data as train
+    import ssd_core.training.loop as loop
 
     stop = lambda *a, **k: pytest.fail("the work started before the input was checked")  # noqa: E731
     monkeypatch.setattr(api, "decode_batch", stop)
-    for name in ("generate_grids", "collect_features", "train_heads"):
-        monkeypatch.setattr(train, name, stop)
+    for module, name in ((train, "generate_grids"), (train, "collect_features"), (loop, "train_heads")):
+        monkeypatch.setattr(module, name, stop)
 
 
 @pytest.fixture
@@ -255,7 +256,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("case", ["out unwritable", "out .pt", "features a grids file", "features a pickle",
                                   "prompts and grids differ"])
 def test_train_heads_refuses_before_sampling(tiny, tmp_path, monkeypatch, case):
-    import ssd_core.train as train
+    import ssd_core.training.data as train
 
     stop = lambda *a, **k: pytest.fail("grids were sampled before the inputs were checked")  # noqa: E731
     monkeypatch.setattr(train, "generate_grids", stop)
@@ -332,7 +333,7 @@ def test_train_heads_keeps_the_heads_when_the_write_fails(tiny, tmp_path, keep_d
     """The out path passes the check, then becomes a folder while the heads train (safetensors writes a temp
     file and renames it over the target, so /dev/full cannot stand in here): the trained heads are kept in the
     temp folder and the error says where."""
-    import ssd_core.train as train
+    import ssd_core.training.data as train
 
     out = tmp_path / "h.safetensors"
 
@@ -403,9 +404,10 @@ def test_ctrl_c_during_training_names_the_checkpoints(tiny, tmp_path):
     assert code == 130 and len(err) == 1 and "Traceback" not in err[0], (code, err)
     assert err[0].startswith("interrupted; partial results written to "), err
     named = re.sub(r" and \d+ more$", "", err[0].removeprefix("interrupted; partial results written to ")).split(", ")
-    assert 1 <= len(named) <= 3 and all(re.fullmatch(re.escape(str(tmp_path)) + r"/h\.step\d+\.safetensors", p)
+    assert 1 <= len(named) <= 3 and all(re.fullmatch(re.escape(str(tmp_path)) + r"/h\.(step\d+|state)\.safetensors", p)
                                         for p in named), err
-    for path in named:  # the last checkpoints written, each whole
+    assert named[-1] == str(tmp_path / "h.state.safetensors")  # the run's state, for --resume
+    for path in named[:-1]:  # the last checkpoints written, each whole
         assert ssd_core.load_heads(path, tiny["model"]).family == "llama-grid"
     assert (tmp_path / "h.step2.safetensors").is_file()
     assert not (tmp_path / "h.safetensors").exists()

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core.train import TrainConfig, train_heads
+from ssd_core.training import TrainConfig, train_heads
 from tiny_families import BUILDERS
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)

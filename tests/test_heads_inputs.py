@@ -6,7 +6,7 @@ from ssd_core.acceptance import vertical_drafts
 from ssd_core.sampling import SamplerSettings
 from ssd_core.errors import SSDError
 from ssd_core.heads import DraftHeads
-from ssd_core.train import TrainConfig, collect_features, generate_grids, stale_features, start_heads, train_heads
+from ssd_core.training import TrainConfig, collect_features, generate_grids, stale_features, start_heads, train_heads
 from tiny import drafted_rows, tiny_model_and_heads
 
 import pytest
@@ -181,7 +181,7 @@ def test_train_heads_with_stale_inputs_and_vertical_left_writes_and_reports_them
 def test_until_is_a_clock_time_later_today():
     import time
 
-    from ssd_core.cli import _clock_time
+    from ssd_core.training.cli import clock_time as _clock_time
     from ssd_core.errors import SSDError
 
     assert _clock_time(None) is None
@@ -200,5 +200,5 @@ def test_train_heads_until_bounds_features_and_steps(tiny, tmp_path):
     model, _ = tiny
     out = tmp_path / "late.safetensors"
     _, report = train_heads(model, out, TrainConfig(samples=12, heldout=4, gen_batch=4, until=time.time() - 1),
-                            log=lambda *_: None)
+                            log=lambda *_: None, features=tmp_path / "f.safetensors")
     assert report["samples"] == 4 and report["steps"] == 0 and out.is_file()

@@ -7,7 +7,7 @@ from ssd_core.acceptance import guided_logp, vertical_drafts
 from ssd_core.errors import SSDError
 from ssd_core.heads import DraftHeads
 from ssd_core.sampling import SamplerSettings, guide
-from ssd_core.train import TrainConfig, collect_features, generate_grids, head_losses, start_heads
+from ssd_core.training import TrainConfig, collect_features, generate_grids, head_losses, start_heads
 from tiny import tiny_model_and_heads
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core.train import TrainConfig, train_heads
+from ssd_core.training import TrainConfig, train_heads
 from tiny import make_heads, make_llama_grid
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -28,7 +28,7 @@ def test_trained_heads_agree_better_than_random(tmp_path):
     # a random head set scores the same held-out measure much lower
     from ssd_core.heads import DraftHeads
     from ssd_core.sampling import SamplerSettings
-    from ssd_core.train import agreement, collect_features, generate_grids
+    from ssd_core.training import agreement, collect_features, generate_grids
 
     layout = model.layout(None)
     s = SamplerSettings(seed=99, cfg=model.defaults["cfg"])
@@ -109,7 +109,8 @@ def test_cli_generate_bench_and_errors(tmp_path):
 def test_self_distilled_grids_sample_on_the_static_cache(tmp_path, monkeypatch):
     """train-heads samples its grids on the static cache (memory-bound loop) with the same codes as the dynamic
     cache gives, and leaves the model's own cache mode as it was."""
-    from ssd_core import static_cache, train
+    from ssd_core import static_cache
+    from ssd_core.training import data as train
     from ssd_core.sampling import SamplerSettings
 
     for row_end in (False, True):

@@ -7,7 +7,7 @@ import torch
 import ssd_core
 from ssd_core.acceptance import vertical_drafts
 from ssd_core.errors import SSDError
-from ssd_core.train import TrainConfig, train_heads
+from ssd_core.training import TrainConfig, train_heads
 from tiny import drafted_rows, heads_with, make_heads, tiny_model_and_heads
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)

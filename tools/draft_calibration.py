@@ -9,7 +9,7 @@ import torch
 import ssd_core
 from ssd_core.acceptance import horizontal_chain, overlap, vertical_drafts
 from ssd_core.sampling import guide, log_probs, settings_from
-from ssd_core.train import collect_features, read_grids
+from ssd_core.training import collect_features, read_grids
 
 m = ssd_core.load_model('reference')
 d = m.defaults

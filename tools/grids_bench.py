@@ -3,7 +3,7 @@ the dynamic cache: python -m tools.grids_bench [N] (N grids in one batch, defaul
 import sys, time
 
 import ssd_core
-from ssd_core import train
+from ssd_core.training import data as train
 from ssd_core.sampling import settings_from
 
 m = ssd_core.load_model("reference")

@@ -3,7 +3,7 @@ python -m tools.heads_eval GRIDS.safetensors HEADS.safetensors [HEADS ...]"""
 import json, sys, torch, ssd_core
 from ssd_core.acceptance import heads_acceptance
 from ssd_core.sampling import settings_from
-from ssd_core.train import read_grids, collect_features, stale_features
+from ssd_core.training import read_grids, collect_features, stale_features
 m = ssd_core.load_model('reference')
 d = m.defaults
 s = settings_from(d)

@@ -17,7 +17,7 @@ import ssd_core
 from ssd_core.heads import DraftHead
 from ssd_core.acceptance import guided_logp, overlap
 from ssd_core.sampling import guide, settings_from
-from ssd_core.train import read_grids, collect_features
+from ssd_core.training import read_grids, collect_features
 def bundled():
     """The bundled model, its default sampler settings, its layout and its cells [H, W] (slot numbers)."""
     m = ssd_core.load_model('reference')

@@ -1,0 +1,164 @@
+"""Self-distilled grids on disk, in shards: a run that stops keeps every shard it finished.
+
+A run's N grids are cut into shards of `shard_grids` (grid i is in shard i // shard_grids); process r of a
+run of P processes makes the shards k with k % P == r, each written whole (beside, then renamed), so a file
+that is there is finished. A shard (safetensors) holds `tokens` [n, H, W] (image codes), `prompt_index` [n]
+(into the run's prompt list; for a class-conditional model the class id, also as `classes`, so that a shard
+is a `--grids` file), `seed` [n] (int64 two's complement: the grid is the `ar` decoder's image of its prompt
+at that seed) and in its metadata the sampler settings, the model's identity, the prompt list's fingerprint
+and size, the shard's place and the process that made it. A rerun skips the shards it finds; a shard made
+with other settings, another model or other prompts is refused by name, never mixed in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import SSDError
+from . import data
+from .prompts import digest
+
+FORMAT = "ssd-grids-shard"
+VERSION = "1"
+SEEDS = 2**64
+
+
+def default_folder(out_path) -> Path:
+    """Beside the heads file: heads.safetensors -> heads.grids/."""
+    out = Path(out_path)
+    return out.with_name(out.stem + ".grids")
+
+
+def shard_path(folder: Path, k: int) -> Path:
+    return folder / f"shard-{k:05d}.safetensors"
+
+
+class Shards:
+    """The shard files of one run: which exist, which this process makes, and reading them all."""
+
+    def __init__(self, folder, model, settings, prompts: list, prompts_name: str, shard_grids: int):
+        self.folder = Path(folder)
+        self.model, self.settings, self.prompts = model, settings, prompts
+        self.shard_grids = int(shard_grids)
+        self.record = {"format": FORMAT, "version": VERSION, "settings": data.settings_record(settings),
+                       "model": data.model_identity(model), "prompts": digest(prompts),
+                       "prompt_count": len(prompts), "prompts_from": prompts_name, "shard_grids": self.shard_grids}
+
+    def check_folder(self) -> None:
+        """The folder can take shards, and the shards already in it were made for this run (else refused)."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise SSDError(f"--shards {self.folder} is a file: give a folder for the self-distilled grids")
+        if not self.folder.is_dir():
+            return
+        for path in sorted(self.folder.glob("shard-*.safetensors"))[:1]:  # one shard speaks for the folder
+            self._check(path)
+
+    def _check(self, path: Path) -> dict:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                meta = f.metadata() or {}
+        except Exception as err:
+            raise SSDError(f"--shards: {path} is not a readable shard ({' '.join(str(err).split())[:60]}): delete it, "
+                           "it is made again") from None
+        if meta.get("format") != FORMAT:
+            raise SSDError(f"--shards: {path} is not a grids shard of train-heads: give another --shards folder")
+        stored = {k: json.loads(meta.get(k, "null")) for k in ("settings", "model", "prompts", "prompt_count",
+                                                               "shard_grids")}
+        diff = []
+        for key in ("settings", "model"):
+            keys = data.IDENTITY_CHECKED if key == "model" else None
+            diff += [f"{key} {d}" for d in data.differences(stored[key] or {}, self.record[key], keys)]
+        diff += data.differences(stored, self.record, ("prompts", "prompt_count", "shard_grids"))
+        if diff:
+            more = f" (and {len(diff) - 2} more)" if len(diff) > 2 else ""
+            raise SSDError(f"the grids in {self.folder} were made for another run: {'; '.join(diff[:2])}{more}; give "
+                           "another --shards folder, delete this one to make the grids again, or run with the "
+                           "settings they were made with")
+        return meta
+
+    def extent(self, k: int, total: int) -> tuple[int, int]:
+        return k * self.shard_grids, min((k + 1) * self.shard_grids, total)
+
+    def count(self, total: int) -> int:
+        return -(-total // self.shard_grids)
+
+    def finished(self, k: int, total: int) -> bool:
+        """Shard k is on disk with at least the grids this run needs of it."""
+        path = shard_path(self.folder, k)
+        if not path.is_file():
+            return False
+        meta = self._check(path)
+        a, b = self.extent(k, total)
+        return int(meta.get("first", -1)) == a and int(meta.get("grids", 0)) >= b - a
+
+    def make(self, total: int, order: list[int], layout, gen_batch: int, rank: int = 0, world: int = 1,
+             log=print) -> dict:
+        """Generate this process's missing shards of `total` grids (grid i: prompt order[i], seed S + i)."""
+        self.check_folder()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        mine = [k for k in range(self.count(total)) if k % world == rank]
+        todo = [k for k in mine if not self.finished(k, total)]
+        if len(todo) < len(mine):
+            log(f"grids: {len(mine) - len(todo)} of this process's {len(mine)} shards found in {self.folder}, kept")
+        made = 0
+        t0 = time.time()
+        for k in todo:
+            a, b = self.extent(k, total)
+            index = order[a:b]
+            seeds = [(self.settings.seed + i) % SEEDS for i in range(a, b)]
+            log(f"generating shard {k} ({b - a} grids, {a}..{b - 1}) with the base model (process {rank})")
+            codes = data.generate_grids(self.model, [self.prompts[i] for i in index], self.settings, layout,
+                                        gen_batch, log, seeds=seeds)
+            self._write(k, a, codes, index, seeds, layout, rank)
+            made += b - a
+        if made:
+            log(f"generated {made} grids in {len(todo)} shard(s): {time.time() - t0:.0f} s")
+        return {"shards": len(mine), "made": len(todo), "grids_made": made}
+
+    def _write(self, k: int, first: int, codes: torch.Tensor, index: list[int], seeds: list[int], layout,
+               rank: int) -> None:
+        from safetensors.torch import save_file
+
+        H, W = layout.grid
+        tensors = {"tokens": codes[:, layout.slot_of_cell].reshape(-1, H, W).long().contiguous(),
+                   "prompt_index": torch.tensor(index, dtype=torch.long),
+                   "seed": torch.tensor([s - SEEDS if s >= 2**63 else s for s in seeds], dtype=torch.long)}
+        if isinstance(self.prompts[0], int):  # class ids: the shard is also a --grids file
+            tensors["classes"] = tensors["prompt_index"].clone()
+        meta = {k2: json.dumps(v) for k2, v in self.record.items() if k2 not in ("format", "version")}
+        meta.update(format=FORMAT, version=VERSION, shard=str(k), first=str(first), grids=str(codes.shape[0]),
+                    process=str(rank))
+        path = shard_path(self.folder, k)
+        part = path.with_name(f".{path.name}.part-{os.getpid()}")
+        try:
+            save_file(tensors, str(part), metadata=meta)
+            os.replace(part, path)
+        except OSError as err:
+            part.unlink(missing_ok=True)
+            raise SSDError(f"could not write the grids shard {path} ({err.strerror or err}): free some disk or give "
+                           "another --shards folder; the shards already written are kept") from None
+
+    def read(self, total: int, layout) -> tuple[torch.Tensor, list[int], list[int]]:
+        """Every grid of the run: codes [total, L] (int32, -1 at forced slots), prompt indices, processes."""
+        from safetensors import safe_open
+
+        codes = torch.full((total, layout.num_slots), -1, dtype=torch.int32)
+        index, makers = [0] * total, [0] * total
+        for k in range(self.count(total)):
+            path = shard_path(self.folder, k)
+            if not self.finished(k, total):
+                raise SSDError(f"the grids shard {path} is missing or short: another process did not finish it; "
+                               "rerun (finished shards are kept)")
+            a, b = self.extent(k, total)
+            with safe_open(str(path), "pt") as f:
+                tokens = f.get_slice("tokens")[:b - a]
+                codes[a:b, layout.slot_of_cell] = tokens.flatten(1).to(torch.int32)
+                index[a:b] = f.get_slice("prompt_index")[:b - a].tolist()
+                makers[a:b] = [int((f.metadata() or {}).get("process", 0))] * (b - a)
+        return codes, index, makers
