@@ -1,4 +1,6 @@
-# make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes).
+# make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes);
+#   DEMO_MODEL=reference-48 for the 48x48-token model.
+# make bench-sizes: every decoder at 24x24, 32x32 and 48x48 (the bundled models): table, JSON and plot in bench_out/.
 # make bench: the bench of record (every decoder at its defaults, ssd also with the paper's first-row rule; 16 images) into bench_out/.
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, bench-gpu, gpu-memory) into .work/gpu_check.json.
@@ -7,9 +9,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 4
+DEMO_MODEL ?= reference
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-gpu test test-engine-457 heads weights-table gpu-memory gpu-check
+.PHONY: install demo bench bench-sizes bench-gpu test test-engine-457 heads weights-table gpu-memory gpu-check
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +22,14 @@ $(VENV)/.installed: requirements-dev.txt
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) -m ssd_core.demo --images $(DEMO_IMAGES) --out-dir demo_out
+	$(PY) -m ssd_core.demo --model $(DEMO_MODEL) --images $(DEMO_IMAGES) --out-dir demo_out
 
 bench: install
 	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,sjd,zipar --ssd-first-row 1,2 \
 		--images $(BENCH_IMAGES) --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
+
+bench-sizes: install
+	$(PY) tools/bench_sizes.py --images $(BENCH_IMAGES) --json bench_out/bench_sizes.json --plot bench_out/bench_sizes.png
 
 bench-gpu: install
 	$(PY) -m tools.bench_gpu --json bench_gpu.json

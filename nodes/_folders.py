@@ -10,7 +10,7 @@ from ._comfy import module
 MODELS_KEY = "ssd_models"
 HEADS_KEY = "ssd_heads"
 HEADS_EXTENSIONS = {".safetensors"}
-BUNDLED = "reference"
+BUNDLED = "reference"  # the default; every bundled name (reference, reference-48) comes from ssd_core
 NO_HEADS = "none"
 
 
@@ -111,12 +111,21 @@ def list_heads_files():
     return sorted(found)
 
 
+def bundled(kind):
+    """The bundled models' (kind 'models') or heads' ('heads') names, `reference` first."""
+    import ssd_core
+
+    return ssd_core.list_bundled()[kind] or [BUNDLED]
+
+
 def model_choices():
-    return [BUNDLED] + [m for m in list_model_folders() if m != BUNDLED]
+    names = bundled("models")
+    return names + [m for m in list_model_folders() if m not in names]
 
 
 def heads_choices():
-    return [BUNDLED, NO_HEADS] + [h for h in list_heads_files() if h not in (BUNDLED, NO_HEADS)]
+    names = bundled("heads")
+    return names + [NO_HEADS] + [h for h in list_heads_files() if h not in names and h != NO_HEADS]
 
 
 def _resolve(key, name, want_dir):
@@ -131,9 +140,10 @@ def _resolve(key, name, want_dir):
 
 
 def resolve_model(name):
-    """``reference`` stays a name for the engine; anything else becomes a folder path."""
-    if name == BUNDLED:
-        return BUNDLED
+    """A bundled name (``reference``, ``reference-48``) stays a name for the engine; anything else becomes a
+    folder path."""
+    if name in bundled("models"):
+        return name
     path = _resolve(MODELS_KEY, name, want_dir=True)
     if path is None:
         dirs = folder_dirs(MODELS_KEY) or ["ComfyUI/models/ssd_models"]
@@ -145,7 +155,7 @@ def resolve_model(name):
 
 
 def resolve_heads(name):
-    if name in (BUNDLED, NO_HEADS):
+    if name in bundled("heads") or name == NO_HEADS:
         return name
     path = _resolve(HEADS_KEY, name, want_dir=False)
     if path is None:

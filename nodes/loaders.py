@@ -40,11 +40,12 @@ class SSDLoadModel(io.ComfyNode):
             display_name="Load AR Image Model (SSD)",
             category=CATEGORY,
             description=("Loads an autoregressive image model for the SSD Sampler: 'reference' is the small model "
-                         "that comes with this pack (runs anywhere, right after install); others are "
+                         "that comes with this pack (runs anywhere, right after install; 'reference-48' is its 48x48-token, "
+                         "192-pixel sibling); others are "
                          "transformers-format folders (with config.json) placed in ComfyUI/models/ssd_models."),
             inputs=[
                 io.Combo.Input("model", options=_folders.model_choices(), default=_folders.BUNDLED,
-                               tooltip="reference (bundled) or a folder under models/ssd_models holding a config.json"),
+                               tooltip="reference / reference-48 (bundled: 96 / 192 px) or a folder under models/ssd_models holding a config.json"),
                 io.Combo.Input("dtype", options=DTYPES, default="auto",
                                tooltip="auto = the model's own choice for the device; float32 = ssd-exact gives plain AR's picture pixel "
                                        "for pixel; bfloat16 / float16 = half the memory, the picture may differ "
@@ -102,7 +103,7 @@ class SSDLoadHeads(io.ComfyNode):
             category=CATEGORY,
             description=("Adds draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model: small "
                          "layers that guess rows ahead. ssd needs them; ssd-exact is faster with them; ar, sjd, "
-                         "zipar do not use them. 'reference' = the heads of the bundled reference model."),
+                         "zipar do not use them. 'reference' / 'reference-48' = the heads of the bundled models (each for its own model)."),
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
                 io.Combo.Input("heads", options=_folders.heads_choices(), default=_folders.BUNDLED,

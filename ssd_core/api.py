@@ -18,8 +18,9 @@ from .sampling import check_seed, settings_from
 from .trace import Trace
 
 REFERENCE_DIR = Path(__file__).parent / "reference"
-BUNDLED_MODELS = {"reference": REFERENCE_DIR / "model"}
-BUNDLED_HEADS = {"reference": REFERENCE_DIR / "model" / "heads.safetensors"}
+# the bundled models: `reference` (24x24 tokens, 96 px) and its 48x48 sibling (192 px; also samples 32x32)
+BUNDLED_MODELS = {"reference": REFERENCE_DIR / "model", "reference-48": REFERENCE_DIR / "model48"}
+BUNDLED_HEADS = {name: folder / "heads.safetensors" for name, folder in BUNDLED_MODELS.items()}
 
 
 def list_bundled() -> dict[str, list[str]]:

@@ -1,7 +1,7 @@
 """`make demo`: a few images of the bundled model with ar, ssd and ssd-exact; a sample sheet and a short table
 in minutes, with a one-line progress bar on stderr. The full bench of record is `make bench`.
 
-  python -m ssd_core.demo [--images 4] [--decoders ar,ssd,ssd-exact] [--out-dir demo_out]
+  python -m ssd_core.demo [--model reference | reference-48] [--images 4] [--decoders ar,ssd,ssd-exact] [--out-dir demo_out]
 """
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     from . import load_heads, load_model
 
     p = argparse.ArgumentParser(prog="python -m ssd_core.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="reference", choices=["reference", "reference-48"],
+                   help="the bundled model: reference (24x24 tokens, 96 px) or reference-48 (48x48, 192 px)")
     p.add_argument("--images", type=int, default=4)
     p.add_argument("--decoders", default="ar,ssd,ssd-exact")
     p.add_argument("--out-dir", default="demo_out")
@@ -65,11 +67,11 @@ def main(argv=None) -> int:
 
     hf_logging.disable_progress_bar()  # one bar on stderr: ours
     t0 = time.perf_counter()
-    model = load_model("reference")
-    heads = load_heads("reference", model)
+    model = load_model(args.model)
+    heads = load_heads(args.model, model)
     options = BenchOptions(decoders=tuple(d.strip() for d in args.decoders.split(",") if d.strip()),
                            images=args.images, out_dir=args.out_dir, json=f"{args.out_dir}/bench.json",
-                           model_name="reference", grid=parse_grid(args.grid))
+                           model_name=args.model, grid=parse_grid(args.grid))
     bar = ProgressBar(args.images * len(_variants(options)), args.images)
     lines: list[str] = []
 

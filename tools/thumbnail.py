@@ -1,7 +1,7 @@
 """The reference example workflow's thumbnail: what its three samplers make (ar | ssd-exact | ssd, the same
 prompt and seed, the model's defaults), each image above its status grid.
 
-  python -m tools.thumbnail [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
+  python -m tools.thumbnail [--model reference] [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
 """
 from __future__ import annotations
 
@@ -30,14 +30,16 @@ def _pixels(x, side: int) -> Image.Image:
     return Image.fromarray(arr).resize((side, side), Image.NEAREST if arr.shape[0] < side // 2 else Image.LANCZOS)
 
 
-def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size: int = 512) -> Image.Image:
-    model = ssd_core.load_model("reference")
-    heads = ssd_core.load_heads("reference", model)
+def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size: int = 512,
+              model_name: str = "reference") -> Image.Image:
+    model = ssd_core.load_model(model_name)
+    heads = ssd_core.load_heads(model_name, model)
     runs = {d: ssd_core.generate(model, heads if d != "ar" else None, prompt=prompt, decoder=d, seed=seed,
                                  verify_rounds=verify_rounds) for d in DECODERS}
     im = Image.new("RGB", (size, size), (24, 24, 24))
     draw = ImageDraw.Draw(im)
-    draw.text((20, 16), f'Bundled model: "{prompt}"', fill=(235, 235, 235), font=_font(26))
+    title = "Bundled model" if model_name == "reference" else f"Bundled {model.grid_options()[0][0]}x{model.grid_options()[0][1]} model"
+    draw.text((20, 16), f'{title}: "{prompt}"', fill=(235, 235, 235), font=_font(26))
     side, gap, left = 152, 12, 16
     for i, d in enumerate(DECODERS):
         x = left + i * (side + gap)
@@ -55,9 +57,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", default="face")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--model", default="reference", help="reference or reference-48")
     ap.add_argument("--out", default="example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg")
     a = ap.parse_args(argv)
-    thumbnail(a.prompt, a.seed).save(a.out, quality=90)
+    thumbnail(a.prompt, a.seed, model_name=a.model).save(a.out, quality=90)
     print(f"wrote {a.out}")
     return 0
 

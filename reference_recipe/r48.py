@@ -1,0 +1,217 @@
+"""`reference-48`: the bundled model's 48x48-token sibling (192x192 px), warm-started from `reference`.
+
+    python -m reference_recipe.r48 data  --work build/r48            # render + tokenize (minutes)
+    python -m reference_recipe.r48 train --work build/r48 --minutes 70 [--resume]
+    python -m reference_recipe.r48 ship  --work build/r48 --out ssd_core/reference/model48
+
+Design (issue 24): the same glyphs, classes, held-out split and VQ as `reference` (the VQ is fully
+convolutional: a 192 px render gives a 48x48 grid, a 128 px render 32x32); the same LlamaForCausalLM, every
+weight copied from `reference` (RoPE has no learned positions: only max_position_embeddings grows), trained on
+a mix of 48x48 sequences (2,353 tokens) and 32x32 ones (1,057) so that it also samples the middle size of the
+sweep. The learning rate follows the wall clock (held for a third of the budget, then linearly to 0), so a
+slower shared CPU shortens the run instead of cutting the schedule; a checkpoint (weights, AdamW moments,
+step, elapsed seconds, data position) every 50 steps and at SIGTERM/SIGINT lets `--resume` continue.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import data as D
+from .ar import ar_loss, layout, sequences
+from .common import SEED, log
+
+REFERENCE = "ssd_core/reference/model"
+SIZES = {48: 192, 32: 128}        # grid side -> pixels (4 px per token)
+COPIES = {48: 6, 32: 4}           # augmented copies per training glyph
+MIX_32 = 0.3                      # share of steps on 32x32 sequences
+BATCH = 4
+LR = 5e-4
+WARMUP = 30
+MAX_POSITIONS = 2432              # >= 48 * 49 + 1 = 2353
+CFG_DROP = 0.1
+EVAL_EVERY = 200                  # steps between held-out evaluations (48x48; 32x32 at the end)
+
+
+def render(ch: str, size: int) -> np.ndarray:
+    """data.render at `size` px: the same crop, margin and LANCZOS resize."""
+    a = D.render_raw(ch)
+    ink = (a < 250).any(axis=2)
+    ys, xs = np.nonzero(ink)
+    crop = a[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+    h, w = crop.shape[:2]
+    side = int(round(max(h, w) * (1 + 2 * D.MARGIN)))
+    sq = np.full((side, side, 3), 255, np.uint8)
+    oy, ox = (side - h) // 2, (side - w) // 2
+    sq[oy:oy + h, ox:ox + w] = crop
+    return np.asarray(Image.fromarray(sq).resize((size, size), Image.LANCZOS))
+
+
+def build_data(work: str) -> None:
+    from safetensors.torch import save_file
+    from ssd_core.pixel_decoders.reference_vq import load_vq
+    ds = D.build_dataset_v2(os.path.join(work, "emoji.npz"), verbose=True)
+    vq = load_vq(os.path.join(REFERENCE, "vq.safetensors"))
+    rng = np.random.default_rng(SEED + 48)
+    tr, ho = ~ds["heldout"], ds["heldout"]
+    out = {}
+    for side, px in SIZES.items():
+        imgs = np.stack([render(c, px) for c in ds["chars"]])
+        log(f"rendered {len(imgs)} glyphs at {px} px")
+
+        def enc(x):
+            with torch.no_grad():
+                return torch.cat([vq.encode(D.to_tensor(x[i:i + 64])).to(torch.int16) for i in range(0, len(x), 64)])
+        toks, labs = [enc(imgs[tr])], [ds["labels"][tr]]
+        for c in range(COPIES[side]):
+            toks.append(enc(D.augment(imgs[tr], rng, max_shift=4 * px // 96)))
+            labs.append(ds["labels"][tr])
+            log(f"{side}x{side}: copy {c + 1}/{COPIES[side]}")
+        out[f"train{side}"] = torch.cat(toks).contiguous()
+        out[f"train{side}_classes"] = torch.from_numpy(np.concatenate(labs)).long()
+        out[f"heldout{side}"] = enc(imgs[ho]).contiguous()
+        out[f"heldout{side}_classes"] = torch.from_numpy(ds["labels"][ho]).long()
+        if side == 48:
+            np.save(os.path.join(work, "heldout192.npy"), imgs[ho])  # the real held-out glyphs at 192 px
+    save_file(out, os.path.join(work, "data.safetensors"))
+    log(f"wrote {os.path.join(work, 'data.safetensors')}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items()))
+
+
+def warm_start():
+    """`reference` in fp32 with room for 48x48 sequences."""
+    from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM.from_pretrained(REFERENCE, dtype=torch.float32)
+    model.config.max_position_embeddings = MAX_POSITIONS
+    return model
+
+
+@torch.no_grad()
+def heldout_nll(model, toks, classes, lay) -> float:
+    model.eval()
+    ce = torch.cat([ar_loss(model, sequences(toks[i:i + 8].long(), classes[i:i + 8], lay), reduction="none")
+                    for i in range(0, len(toks), 8)])
+    return float(ce.mean())
+
+
+def train(work: str, minutes: float, resume: bool) -> None:
+    from safetensors.torch import load_file
+    torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
+    spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
+    lay = layout(spec["num_classes"], row_end=True)
+    data = load_file(os.path.join(work, "data.safetensors"))
+    model = warm_start()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95))
+    ckpt = os.path.join(work, "checkpoint.pt")
+    state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60}
+    if resume and os.path.exists(ckpt):
+        saved = torch.load(ckpt, weights_only=True)  # our own checkpoint: tensors and plain values only
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        if minutes is not None:  # a new budget for the rest of the run
+            state["budget_s"] = minutes * 60
+        log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
+    g = torch.Generator().manual_seed(SEED + 4800 + state["step"])
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def save():
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+
+    def evaluate(final=False):
+        nll48 = heldout_nll(model, data["heldout48"], data["heldout48_classes"], lay)
+        nll32 = heldout_nll(model, data["heldout32"], data["heldout32_classes"], lay) if final else float("nan")
+        state["history"].append({"step": state["step"], "minutes": round(state["elapsed"] / 60, 1),
+                                 "nll48": round(nll48, 4), "nll32": round(nll32, 4)})
+        log(f"eval step {state['step']}: held-out NLL 48x48 {nll48:.4f}, 32x32 {nll32:.4f}")
+        best = state.get("best_nll48", float("inf"))
+        if nll48 < best:
+            state["best_nll48"] = nll48
+            state["best_step"] = state["step"]
+            torch.save(model.state_dict(), os.path.join(work, "best.pt"))
+        json.dump(state["history"], open(os.path.join(work, "history.json"), "w"), indent=1)
+
+    if state["step"] == 0:
+        evaluate()
+    t_start = time.time() - state["elapsed"]
+    while state["elapsed"] < state["budget_s"] and not stop["now"]:
+        model.train()
+        frac = state["elapsed"] / state["budget_s"]
+        lr = LR * min(1.0, (state["step"] + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        side = 32 if torch.rand(1, generator=g).item() < MIX_32 else 48
+        X, Y = data[f"train{side}"], data[f"train{side}_classes"]
+        idx = torch.randint(len(X), (BATCH,), generator=g)
+        labels = Y[idx].clone()
+        labels[torch.rand(BATCH, generator=g) < CFG_DROP] = spec["num_classes"]  # the null class
+        loss = ar_loss(model, sequences(X[idx].long(), labels, lay))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["elapsed"] = time.time() - t_start
+        if state["step"] % 10 == 0:
+            log(f"step {state['step']} {side}x{side} loss {loss.item():.4f} lr {lr:.2e} "
+                f"{state['elapsed'] / 60:.1f}/{state['budget_s'] / 60:.0f} min")
+        if state["step"] % EVAL_EVERY == 0:
+            evaluate()
+        if state["step"] % 50 == 0:
+            save()
+    evaluate(final=True)
+    save()
+    log("stopped by a signal: --resume continues" if stop["now"] else
+        f"done: {state['step']} steps in {state['elapsed'] / 60:.1f} min, best NLL48 {state['best_nll48']:.4f} "
+        f"at step {state['best_step']}")
+
+
+def ship(work: str, out: str) -> None:
+    """The best checkpoint as a model folder: fp16 weights, ssd_model.json, the VQ and the yardstick."""
+    model = warm_start()
+    model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
+    os.makedirs(out, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out, safe_serialization=True)
+    spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
+    spec["grid"] = [48, 48]
+    spec["grids"] = [[32, 32]]
+    with open(os.path.join(out, "ssd_model.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+    for name in ("vq.safetensors", "yardstick.safetensors"):
+        shutil.copyfile(os.path.join(REFERENCE, name), os.path.join(out, name))
+    log(f"wrote {out}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m reference_recipe.r48", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=["data", "train", "ship"])
+    ap.add_argument("--work", default="build/r48")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="training budget in wall-clock minutes (default 70; with --resume: a new budget)")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--out", default="ssd_core/reference/model48")
+    a = ap.parse_args(argv)
+    os.makedirs(a.work, exist_ok=True)
+    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume),
+     "ship": lambda: ship(a.work, a.out)}[a.stage]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The bundled 48x48 model (`reference-48`): it loads by name, samples its two grids, its heads fit it, and
+ssd-exact gives ar's very tokens on it in fewer steps."""
+import pytest
+import torch
+
+import ssd_core
+from ssd_core.api import BUNDLED_HEADS, BUNDLED_MODELS
+
+pytestmark = pytest.mark.skipif(not BUNDLED_HEADS.get("reference-48", BUNDLED_MODELS["reference"]).is_file(),
+                                reason="reference-48 not present")
+
+
+@pytest.fixture(scope="module")
+def bundled48():
+    model = ssd_core.load_model("reference-48", dtype="fp32")
+    return model, ssd_core.load_heads("reference-48", model)
+
+
+def test_listed_beside_reference_and_made_for_48x48(bundled48):
+    model, heads = bundled48
+    assert ssd_core.list_bundled() == {"models": ["reference", "reference-48"], "heads": ["reference", "reference-48"]}
+    assert model.grid_options() == [(48, 48), (32, 32)]
+    assert list(model.class_names) == list(ssd_core.load_model("reference").class_names)
+    meta = heads.metadata()
+    assert meta["family"] == "llama-grid" and meta["grid"] == "48x48"
+    assert int(meta["hidden_size"]) == model.hidden_size
+    assert heads.vertical_left == 2 and heads.vertical_shift == 1
+
+
+def test_ssd_exact_is_ar_at_48x48_in_far_fewer_steps(bundled48):
+    model, heads = bundled48
+    for seed, prompt in ((0, "face"),):  # a full 48x48 ar image is ~2,300 steps: one seed here, more at 32x32
+        ar = ssd_core.generate(model, None, prompt=prompt, decoder="ar", seed=seed)
+        ex = ssd_core.generate(model, heads, prompt=prompt, decoder="ssd-exact", seed=seed)
+        assert tuple(ar.image.shape) == (192, 192, 3) and float(ar.image.std()) > 0.05
+        assert torch.equal(ar.tokens, ex.tokens)
+        assert ar.trace.steps == 48 * 48 and ex.trace.steps < 48 * 48 / 6
+
+
+def test_the_middle_grid_32x32_is_exact_too(bundled48):
+    model, heads = bundled48
+    for seed in (1, 2, 3):
+        ar = ssd_core.generate(model, None, prompt="animal", decoder="ar", seed=seed, grid=(32, 32))
+        ex = ssd_core.generate(model, heads, prompt="animal", decoder="ssd-exact", seed=seed, grid=(32, 32))
+        assert tuple(ar.image.shape) == (128, 128, 3)
+        assert torch.equal(ar.tokens, ex.tokens) and ex.trace.steps < ar.trace.steps / 4
