@@ -25,8 +25,10 @@ def test_model_and_heads_lists_come_from_the_folders(tmp_path, monkeypatch):
         (heads / f).write_text("x")
     monkeypatch.setenv("SSD_MODELS_DIR", str(models))
     monkeypatch.setenv("SSD_HEADS_DIR", str(heads))
-    assert folders_glue.model_choices() == ["reference", "Janus-Pro-7B", "org/Emu3-Gen"]
-    assert folders_glue.heads_choices() == ["reference", "none", "janus.safetensors", "sub/emu3.safetensors"]
+    assert folders_glue.model_choices() == ["reference", "reference-48", "Janus-Pro-7B", "org/Emu3-Gen"]
+    assert folders_glue.heads_choices() == ["reference", "reference-48", "none", "janus.safetensors",
+                                            "sub/emu3.safetensors"]
+    assert folders_glue.resolve_model("reference-48") == "reference-48"  # a bundled name stays a name
     assert nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"] == folders_glue.model_choices()
     # a folder that is not there is refused before the run (ComfyUI calls validate_inputs), by name
     assert nodes.SSDLoadModel.validate_inputs(model="org/Emu3-Gen") is True

@@ -92,12 +92,12 @@ def test_node_mappings_and_inputs():
     assert info["input"]["hidden"] == {"unique_id": ("UNIQUE_ID",), "prompt": ("PROMPT",),
                                        "extra_pnginfo": ("EXTRA_PNGINFO",)}
     load = m["SSDLoadModel"].GET_NODE_INFO_V1()
-    assert combo(load["input"]["required"]["model"])[0] == "reference"
+    assert combo(load["input"]["required"]["model"])[:2] == ["reference", "reference-48"]
     assert combo(load["input"]["required"]["device"]) == ["auto", "cpu", "cuda", "mps"]
     assert list(load["input"]["optional"]) == ["quantization", "offload", "compile"]
     assert load["output"] == ["SSD_MODEL"] and load["output_name"] == ["ssd_model"]
     heads = m["SSDLoadHeads"].GET_NODE_INFO_V1()["input"]
-    assert combo(heads["required"]["heads"])[:2] == ["reference", "none"]
+    assert combo(heads["required"]["heads"])[:3] == ["reference", "reference-48", "none"]  # bundled first
     assert heads["required"]["ssd_model"] == ("SSD_MODEL", {})
     assert list(heads["optional"]) == ["hub_repo", "hub_file", "download"]
     trace = m["SSDTraceToImage"].GET_NODE_INFO_V1()
