@@ -67,8 +67,8 @@ def test_lists_finish_under_link_loops_and_list_linked_models_once(tmp_path, mon
     done, found = finishes(lambda: (folders_glue.model_choices(), folders_glue.heads_choices()), 20)
     assert done, "listing model folders with link loops did not finish in 20 s (it blocks /object_info)"
     assert time.monotonic() - start < 5
-    assert found[0] == ["reference", "linked", "org/Emu3-Gen"]
-    assert found[1] == ["reference", "none", "ext/e.safetensors", "repo/v1/h.safetensors", "x.safetensors"]
+    assert found[0] == ["reference", "reference-48", "linked", "org/Emu3-Gen"]
+    assert found[1] == ["reference", "reference-48", "none", "ext/e.safetensors", "repo/v1/h.safetensors", "x.safetensors"]
     assert folders_glue.resolve_model("linked") == str(models / "linked")
 
 
