@@ -253,18 +253,9 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
     return out
 
 
-def _rows(params: dict) -> str:
-    """The draft rows a row ran with: '3' as given; picked by ssd-exact's calibration (calibrate.py) '1*', with
-    '+h' where it used the heads; '-' for decoders without rows."""
-    if "draft_rows_picked" in params:
-        return f"{params['draft_rows_picked']}*" + ("+h" if params.get("heads_used") else "")
-    return str(params["draft_rows"]) if params.get("draft_rows") else "-"
-
-
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
             f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}{'ops/st':>8}"
-            f"{'rows':>6}"
             f"{'cls acc':>9}{'fd':>8}{'same':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
@@ -274,7 +265,6 @@ def print_table(report: dict, log=print) -> None:
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
             f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
-            f"{_rows(r.get('params', {})):>6}"
             f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}{_num(r.get('same_cells_as_ar'), 100, '-', 1):>7}%  {ident}")
     if "yardstick" in report:
         y, n = report["yardstick"], report["images"]

@@ -76,11 +76,11 @@ def test_whole_number_limits_and_reasons():
 
 def test_each_decoder_gets_its_own_defaults_and_records_what_it_runs_with():
     none = DecoderParams()
-    assert none.for_decoder("ssd-exact") == {"draft_rows": 0}  # 0: picked for the device (calibrate.py)
+    assert none.for_decoder("ssd-exact") == {"draft_rows": 3}
     assert none.for_decoder("ssd") == {"draft_rows": 1, "verify_rounds": 2, "stable_first_row": 2,
                                        "adaptive_percent": 0, "repair": 1}
     assert none.for_decoder("sjd") == {"window": 16} and none.for_decoder("zipar") == {"window": None}
-    assert DecoderParams(draft_rows=0).for_decoder("ssd") == {**none.for_decoder("ssd"), "draft_rows": 1}  # 0: default
+    assert DecoderParams(draft_rows=0).for_decoder("ssd-exact") == {"draft_rows": 3}  # 0: the decoder's default
     for name in DECODERS:
         given = DecoderParams(draft_rows=2, window=5, verify_rounds=1)
         policy = make_policy(name, given)

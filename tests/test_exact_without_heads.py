@@ -82,7 +82,7 @@ def test_bench_rows_with_and_without_heads(tmp_path):
     assert set(rows) == {"ar", "ssd-exact", "sjd", "zipar"} and rows["ssd-exact"]["identical_to_ar"] is True
     out = tmp_path / "both.json"
     assert main(["bench", "--model", str(folder), "--heads", str(heads), "--images", "2", "--decoders",
-                 "ssd-exact,ssd-exact:noheads", "--draft-rows", "3", "--json", str(out)]) == 0  # rows given: heads used
+                 "ssd-exact,ssd-exact:noheads", "--json", str(out)]) == 0
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"ar", "ssd-exact", "ssd-exact:noheads"}
     assert rows["ssd-exact"]["identical_to_ar"] is True and rows["ssd-exact:noheads"]["identical_to_ar"] is True

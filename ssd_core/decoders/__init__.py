@@ -36,7 +36,7 @@ class Param:
 NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
 
 DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
-                            "(ssd 1; ssd-exact: rows and heads picked for the model and device, calibrate.py)")
+                            "(ssd 1, ssd-exact 3)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
 STABLE_FIRST_ROW = Param(0, 2, 2, "ssd: decode the first row by ssd-exact's rule, the row ar draws (2); verify the first "
@@ -119,9 +119,9 @@ DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
     "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent", "repair"),
                        {"draft_rows": 1}),
-    # 0: rows (and whether the heads pay) picked by a short measured calibration of the model on its device
-    # (calibrate.py; docs/speed.md, "Defaults that fit the device"): the image never changes, only steps and time
-    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 0}),
+    # 3 rows: about the fewest steps with and without heads on the bundled model (docs/decoders.md, "Exact
+    # speed-up without heads"); fewer rows cost less per step on a CPU (docs/speed.md, "GPUs and Macs")
+    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
 }
