@@ -84,30 +84,33 @@ def _walk(top):
         yield dirpath, dirnames, filenames
 
 
+def _walk_folders(key):
+    """_walk over every existing folder searched for `key`: (top, dirpath, dirnames, filenames); emptying
+    dirnames in place prunes the walk, as with os.walk."""
+    for top in folder_dirs(key):
+        if os.path.isdir(top):
+            for dirpath, dirnames, filenames in _walk(top):
+                yield top, dirpath, dirnames, filenames
+
+
 def list_model_folders():
     """Relative names (``/``-separated) of folders holding a ``config.json``, sorted."""
     found = set()
-    for top in folder_dirs(MODELS_KEY):
-        if not os.path.isdir(top):
-            continue
-        for dirpath, dirnames, filenames in _walk(top):
-            if "config.json" in filenames:
-                rel = os.path.relpath(dirpath, top)
-                if rel != ".":
-                    found.add(rel.replace(os.sep, "/"))
-                dirnames[:] = []  # a model folder's subfolders are its own business
+    for top, dirpath, dirnames, filenames in _walk_folders(MODELS_KEY):
+        if "config.json" in filenames:
+            rel = os.path.relpath(dirpath, top)
+            if rel != ".":
+                found.add(rel.replace(os.sep, "/"))
+            dirnames[:] = []  # a model folder's subfolders are its own business
     return sorted(found)
 
 
 def list_heads_files():
     found = set()
-    for top in folder_dirs(HEADS_KEY):
-        if not os.path.isdir(top):
-            continue
-        for dirpath, _dirnames, filenames in _walk(top):
-            for f in filenames:
-                if os.path.splitext(f)[1].lower() in HEADS_EXTENSIONS:
-                    found.add(os.path.relpath(os.path.join(dirpath, f), top).replace(os.sep, "/"))
+    for top, dirpath, _dirnames, filenames in _walk_folders(HEADS_KEY):
+        for f in filenames:
+            if os.path.splitext(f)[1].lower() in HEADS_EXTENSIONS:
+                found.add(os.path.relpath(os.path.join(dirpath, f), top).replace(os.sep, "/"))
     return sorted(found)
 
 
