@@ -30,11 +30,6 @@ UNWRITABLE = "/sys"  # no new file can be created there, not even by root
 needs_linux = pytest.mark.skipif(not (FULL.exists() and Path(UNWRITABLE).is_dir()), reason="needs Linux /dev/full, /sys")
 
 
-@pytest.fixture(scope="module")
-def bundled():
-    return ssd_core.load_model("reference")
-
-
 @pytest.fixture
 def no_work(monkeypatch):
     """Sampling, grid generation, feature passes and training all fail the test: the input had to be refused
@@ -183,7 +178,7 @@ def test_api_refuses_what_it_would_round(bundled, no_work, case, kw, words):
     args = dict(decoder="ar", grid=(2, 2), decode_pixels=False)
     args.update(kw)
     with pytest.raises(SSDError) as err:
-        ssd_core.generate_batch(bundled, None, **args)
+        ssd_core.generate_batch(bundled[0], None, **args)
     text = one_line(err)
     for w in words:
         assert w in text, text
@@ -192,21 +187,21 @@ def test_api_refuses_what_it_would_round(bundled, no_work, case, kw, words):
 @pytest.mark.parametrize("seed", [1.5, "3", True, None])
 def test_generate_refuses_a_seed_that_is_not_whole(bundled, no_work, seed):
     with pytest.raises(SSDError, match="seed must be a whole number"):
-        ssd_core.generate(bundled, None, prompt=1, decoder="ar", seed=seed, grid=(2, 2))
+        ssd_core.generate(bundled[0], None, prompt=1, decoder="ar", seed=seed, grid=(2, 2))
 
 
 def test_a_str_of_prompts_is_one_prompt(bundled):
     """prompts="face" is the class face (it was four prompts f, a, c, e); "12" is class 12 (out of range),
     never the classes 1 and 2; a whole float seed is that seed; one seed number gives seed, seed + 1, ..."""
     one = dict(decoder="ar", grid=(2, 2), decode_pixels=False)
-    alone = ssd_core.generate(bundled, None, prompt="face", seed=4, **one)
-    out = ssd_core.generate_batch(bundled, None, prompts="face", seed=4, **one)
+    alone = ssd_core.generate(bundled[0], None, prompt="face", seed=4, **one)
+    out = ssd_core.generate_batch(bundled[0], None, prompts="face", seed=4, **one)
     assert len(out) == 1 and torch.equal(out[0].tokens, alone.tokens)
-    two = ssd_core.generate_batch(bundled, None, prompts="face", seeds=4.0, batch_size=2, **one)
+    two = ssd_core.generate_batch(bundled[0], None, prompts="face", seeds=4.0, batch_size=2, **one)
     assert len(two) == 2 and torch.equal(two[0].tokens, alone.tokens)
     assert two[1].trace.settings["seed"] == 5
     with pytest.raises(SSDError) as err:
-        ssd_core.generate_batch(bundled, None, prompts="12", **one)
+        ssd_core.generate_batch(bundled[0], None, prompts="12", **one)
     assert "class 12 is out of range" in one_line(err)
 
 

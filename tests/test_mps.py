@@ -18,11 +18,6 @@ TORCH_TEXT = ("The operator 'aten::{op}' is not currently implemented for the MP
               "be slower than running natively on MPS.")
 
 
-@pytest.fixture(scope="module")
-def bundled():
-    return ssd_core.load_model("reference")
-
-
 @pytest.fixture
 def mps_here(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
@@ -63,14 +58,14 @@ def test_device_mps_without_an_apple_gpu_is_one_line(capsys):
 def test_a_missing_mps_op_is_one_line_saying_how_to_go_on(bundled, monkeypatch):
     seen = missing_after(monkeypatch, 3, op="_fused_rms_norm")  # the prefill and two steps run, the third fails
     with pytest.raises(SSDError) as err:
-        ssd_core.generate(bundled, None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
+        ssd_core.generate(bundled[0], None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
                           score=False)
     text = one_line(err)
     assert seen["n"] == 4
     assert "aten::_fused_rms_norm" in text and "PYTORCH_ENABLE_MPS_FALLBACK=1" in text and "device cpu" in text
     assert isinstance(err.value.__cause__, NotImplementedError)  # the original stays in the chain
     monkeypatch.undo()
-    again = ssd_core.generate(bundled, None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
+    again = ssd_core.generate(bundled[0], None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
                               score=False)  # the model is left ready for the next run
     assert tuple(again.tokens.shape) == (4, 4)
 
@@ -88,7 +83,7 @@ def test_a_missing_mps_op_through_the_cli(monkeypatch, capsys, tmp_path):
 def test_other_errors_pass_unchanged(bundled, monkeypatch):
     missing_after(monkeypatch, 1, error=NotImplementedError("some other thing"))
     with pytest.raises(NotImplementedError, match="some other thing"):
-        ssd_core.generate(bundled, None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
+        ssd_core.generate(bundled[0], None, prompt=1, decoder="ar", seed=0, grid=(4, 4), decode_pixels=False,
                           score=False)
     assert missing_mps_op(RuntimeError("CUDA out of memory")) is None
     dispatcher = NotImplementedError("Could not run 'aten::_foo' with arguments from the 'MPS' backend. This could be")
