@@ -131,15 +131,17 @@ def heads_choices():
     return names + [NO_HEADS] + [h for h in list_heads_files() if h not in names and h != NO_HEADS]
 
 
-def _resolve(key, name, want_dir):
+def _resolve(key, name, want_dir, missing):
+    """The path of `name` (a folder, or a file) inside a folder searched for `key`; else FileNotFoundError with
+    `missing`, its {name} and {dirs} filled in."""
     rel = os.path.normpath(name.replace("/", os.sep))
-    if rel.startswith("..") or os.path.isabs(rel):
-        return None
-    for top in folder_dirs(key):
-        path = os.path.join(top, rel)
-        if (os.path.isdir(path) if want_dir else os.path.isfile(path)):
-            return path
-    return None
+    if not (rel.startswith("..") or os.path.isabs(rel)):
+        for top in folder_dirs(key):
+            path = os.path.join(top, rel)
+            if (os.path.isdir(path) if want_dir else os.path.isfile(path)):
+                return path
+    dirs = folder_dirs(key) or [f"ComfyUI/models/{key}"]
+    raise FileNotFoundError(missing.format(name=name, dirs=", ".join(dirs)))
 
 
 def resolve_model(name):
@@ -147,26 +149,16 @@ def resolve_model(name):
     folder path."""
     if name in bundled("models"):
         return name
-    path = _resolve(MODELS_KEY, name, want_dir=True)
-    if path is None:
-        dirs = folder_dirs(MODELS_KEY) or ["ComfyUI/models/ssd_models"]
-        raise FileNotFoundError(
-            f"SSD model folder '{name}' was not found in {', '.join(dirs)}. Put the downloaded "
-            f"transformers-format folder (with its config.json) there, then press R in ComfyUI to "
-            f"refresh the list, or pick 'reference' (the bundled model).")
-    return path
+    return _resolve(MODELS_KEY, name, True, "SSD model folder '{name}' was not found in {dirs}. Put the downloaded "
+                    "transformers-format folder (with its config.json) there, then press R in ComfyUI to refresh "
+                    "the list, or pick 'reference' (the bundled model).")
 
 
 def resolve_heads(name):
     if name in bundled("heads") or name == NO_HEADS:
         return name
-    path = _resolve(HEADS_KEY, name, want_dir=False)
-    if path is None:
-        dirs = folder_dirs(HEADS_KEY) or ["ComfyUI/models/ssd_heads"]
-        raise FileNotFoundError(
-            f"SSD heads file '{name}' was not found in {', '.join(dirs)}. Put the .safetensors "
-            f"heads file there and refresh (R), or pick 'reference' or 'none'.")
-    return path
+    return _resolve(HEADS_KEY, name, False, "SSD heads file '{name}' was not found in {dirs}. Put the .safetensors "
+                    "heads file there and refresh (R), or pick 'reference' or 'none'.")
 
 
 def weights_bytes(path):
