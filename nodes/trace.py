@@ -139,6 +139,10 @@ def details(trace):
         parts.append(f"nll {float(nll):.3f}")
     elif full is not None and math.isfinite(float(full)):  # a token outside top-k / top-p: the untruncated figure
         parts.append(f"nll {float(full):.3f} (untruncated: a token fell outside top-k / top-p)")
+    picked = (trace.get("settings") or {}).get("draft_rows_picked")
+    if picked:  # ssd-exact's draft rows 0: what its calibration picked (ssd_core/calibrate.py)
+        heads = "with the heads" if trace["settings"].get("heads_used") else "without heads (they do not pay here)"
+        parts.append(f"{picked} draft rows {heads}, picked for this model and device")
     parts.append(f"seed {trace.get('seed')}")
     return "details: " + " | ".join(parts)
 

@@ -59,7 +59,7 @@ class OpCounter(TorchDispatchMode):
 def count_ops(heads=None):
     """with count_ops(heads) as c: generate(...) -> c.per_step(), c.ops, c.float64, c.head_total (ops outside the
     base model's forwards, those inside the heads' networks also counted apart; prefill and scoring run through
-    the same forwards and are not counted)."""
+    the same forwards and are not counted, nor what runs in `uncounted()`: ssd-exact's one-time calibration)."""
     from .session import Session
     from .static_cache import StaticSession
 
@@ -67,14 +67,14 @@ def count_ops(heads=None):
     originals = [(cls, name, getattr(cls, name)) for cls in (Session, StaticSession) for name in ("__init__", "forward")]
 
     def wrap(fn, step: bool):
-        def uncounted(self, *args, **kwargs):
+        def not_counted(*args, **kwargs):
             counter.steps += step
             was, counter.active = counter.active, False
             try:
-                return fn(self, *args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 counter.active = was
-        return uncounted
+        return not_counted
 
     def enter(*_):
         counter.in_heads += 1
@@ -86,11 +86,30 @@ def count_ops(heads=None):
                                       for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     for cls, name, fn in originals:  # the prefill (a session's start) and every step's forward
         setattr(cls, name, wrap(fn, name == "forward"))
+    _counters.append(counter)
     try:
         with counter:
             yield counter
     finally:
+        _counters.remove(counter)
         for h in hooks:
             h.remove()
-        for cls, name, fn in originals:
-            setattr(cls, name, fn)
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+
+
+_counters: list = []  # the counters of the count_ops blocks now open
+
+
+@contextlib.contextmanager
+def uncounted():
+    """Ops inside are no step's overhead (ssd-exact's one-time calibration: its own session, timed ops, a heads
+    call): the open count_ops blocks do not count them."""
+    was = [c.active for c in _counters]
+    for c in _counters:
+        c.active = False
+    try:
+        yield
+    finally:
+        for c, active in zip(_counters, was):
+            c.active = active

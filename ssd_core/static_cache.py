@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .calibrate import MAX_ROWS
 from .errors import SSDError
 from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
-WINDOW_ROWS = 4  # ssd-exact's default window: its 3 drafted rows plus the final-but-uncached slots of the row before
+WINDOW_ROWS = MAX_ROWS + 1  # ssd-exact's widest default window: the most rows its calibration picks plus the
+#                            final-but-uncached slots of the row before
 
 
 def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:

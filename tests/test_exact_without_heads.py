@@ -82,9 +82,13 @@ def test_bench_rows_with_and_without_heads(tmp_path):
     assert set(rows) == {"ar", "ssd-exact", "sjd", "zipar"} and rows["ssd-exact"]["identical_to_ar"] is True
     out = tmp_path / "both.json"
     assert main(["bench", "--model", str(folder), "--heads", str(heads), "--images", "2", "--decoders",
-                 "ssd-exact,ssd-exact:noheads", "--json", str(out)]) == 0
+                 "ssd-exact,ssd-exact@3,ssd-exact@3:noheads", "--json", str(out)]) == 0  # rows given: heads used
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"ar", "ssd-exact", "ssd-exact:noheads"}
-    assert rows["ssd-exact"]["identical_to_ar"] is True and rows["ssd-exact:noheads"]["identical_to_ar"] is True
-    assert rows["ssd-exact"]["accepted_share"] != rows["ssd-exact:noheads"]["accepted_share"] or \
-        rows["ssd-exact"]["steps"] != rows["ssd-exact:noheads"]["steps"]  # the heads drafted differently
+    assert set(rows) == {"ar", "ssd-exact", "ssd-exact@3", "ssd-exact@3:noheads"}
+    assert all(r["identical_to_ar"] is True for r in rows.values())
+    assert rows["ssd-exact@3"]["params"]["draft_rows"] == 3 == rows["ssd-exact@3:noheads"]["params"]["draft_rows"]
+    assert "draft_rows_picked" in rows["ssd-exact"]["params"]  # the default: picked by the calibration
+    assert rows["ssd-exact@3"]["accepted_share"] != rows["ssd-exact@3:noheads"]["accepted_share"] or \
+        rows["ssd-exact@3"]["steps"] != rows["ssd-exact@3:noheads"]["steps"]  # the heads drafted differently
+    for bad in ("ssd-exact@x", "ssd-exact@9", "nope@2"):  # one line saying what is wrong
+        assert main(["bench", "--model", str(folder), "--heads", "none", "--decoders", bad]) == 2

@@ -63,7 +63,8 @@ def test_exact_rule_reanchors_after_each_correction(tiny, monkeypatch):
     layout = model.layout(None)
     calls = []
     monkeypatch.setattr(drafting, "reanchor_row", lambda run, k, cells, **kw: calls.append((k, cells)) or reanchor_row(run, k, cells, **kw))
-    ssd_core.generate(model, heads, decoder="ssd-exact", prompt=1, seed=2, cfg=3.0, top_k=8, score=False)
+    ssd_core.generate(model, heads, decoder="ssd-exact", draft_rows=3, prompt=1, seed=2, cfg=3.0, top_k=8,
+                      score=False)  # rows given: the heads draft (draft rows 0 may find they do not pay here)
     assert any(k < layout.row_stride for k, _ in calls) and any(k >= layout.row_stride for k, _ in calls)
     assert all(cells == (exact.FIRST_ROW_REDRAFT if k < layout.row_stride else 1) for k, cells in calls)
     calls.clear()

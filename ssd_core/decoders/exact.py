@@ -10,6 +10,7 @@ next cell in the rows below (where the verifier's outputs, which see the row abo
 Without heads the new rows start as copies of the row above, and the first row from the verifier's latest
 output. The choices and their measured steps and ops per step: docs/speed.md, "GPUs and Macs"."""
 
+from .. import calibrate
 from ..run import Policy, Run
 from .drafting import Drafter, coupled, drafter_for, rows_end
 
@@ -24,18 +25,23 @@ class ExactPolicy(Policy):
     uses_heads = True  # heads draft when given; without, rows start as copies of the row above
 
     def __init__(self, draft_rows: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
-        self.draft_rows = draft_rows
+        self.draft_rows = draft_rows  # 0: picked for the model and device (calibrate.py)
 
     def begin(self, run: Run) -> None:
+        self.rows, use_heads = self.draft_rows, True
+        if not self.rows:  # rows and heads that fit the device: only steps and time change, never the image
+            choice = calibrate.pick(run)
+            self.rows, use_heads = choice.rows, choice.heads
+            self.params = {**self.params, **choice.params()}  # the trace and bench say what was picked
         # the heads' drafts (Gumbel-coupled, a new row in JACOBI_SWEEPS sweeps, FIRST_ROW_REDRAFT cells re-drafted
         # after a correction in the first row), or without heads copies of the row above
-        self.drafter = drafter_for(run, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
+        self.drafter = drafter_for(run, use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits, self.drafter)
         if run.done:
             return
-        self.drafter.draft(run, rows_end(run, run.first_open, self.draft_rows), latest)
+        self.drafter.draft(run, rows_end(run, run.first_open, self.rows), latest)
 
 
 def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):

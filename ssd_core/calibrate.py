@@ -1,0 +1,270 @@
+"""Defaults that fit the device: ssd-exact's draft rows (0 = auto) and whether its heads pay for themselves,
+picked from a short measured calibration.
+
+ssd-exact's image is the same whatever rows and drafter it uses (every token is the model's own Gumbel-max
+draw); only its steps and its time change. A step costs one forward of the window plus the policy's eager ops,
+and both depend on the device: on a GPU a window of three rows costs about what one token does, on a CPU several
+times more, and every op is a launch. So the first ssd-exact generation of a model on a device (per stream count
+and grid) times the forward at one token and at its mean windows at 1..MAX_ROWS rows over a half-made image, a burst
+of small ops and a call of the heads' vertical network on a row; the pick is the choice whose expected time
+
+    steps share x (forward of its mean window + its ops a step x an op + its heads' calls a step x a call)
+
+is least, with the steps shares, ops and heads' calls a step of each choice measured on the bundled model
+(STEPS_SHARE, OPS_PER_STEP, HEAD_CALLS_PER_STEP: a table, as no model's own shares are known before it runs;
+they rank the choices on any model whose heads draft about as well). The costs are kept per model and device in
+memory (and in the JSON file named by SSD_CALIBRATION_FILE, when set), so later generations pay nothing; the
+measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from . import opcount
+from .session import Prompt, Session
+
+MAX_ROWS = 4
+# ssd-exact's steps per image cell by (draft rows, heads), and its ops a step outside the forward (opcount),
+# bundled model, 24x24, images 0-3 (classes 0-3, seeds 0-3; ops: images 0-1), this version's drafting
+# (docs/speed.md, "Defaults that fit the device")
+STEPS_SHARE = {(1, True): 0.2565, (2, True): 0.1836, (3, True): 0.1740, (4, True): 0.1684,
+               (1, False): 0.2756, (2, False): 0.2023, (3, False): 0.1801, (4, False): 0.1788}
+OPS_PER_STEP = {(1, True): 163.0, (2, True): 184.0, (3, True): 187.0, (4, True): 189.0,
+                (1, False): 85.0, (2, False): 88.0, (3, False): 89.0, (4, False): 88.0}
+WINDOW_ROWS = {1: 0.70, 2: 1.52, 3: 2.36, 4: 3.16}  # the mean fed window, in rows (from the kept prefix to the
+#                                                   end of the drafted rows: 17.5 / 38 / 59 / 79 slots)
+HEAD_CALLS_PER_STEP = {1: 1.6, 2: 2.0, 3: 2.1, 4: 2.1}  # the heads' network calls a step (Hv rows, Hh cells)
+HEAD_OPS_PER_CALL = 14  # ops of one call of a head's network (counted in OPS_PER_STEP too)
+AR_OPS_PER_STEP = 56.0
+CONTEXT_CAP = 1024  # context keys at most (Emu3 at 90x90: half an image would hold ~2 GB more KV on the GPU)
+REPEATS = 2  # timed forwards per window (the least counts: a busy machine only ever adds time)
+TIE = 0.03  # expected times this close to the least are ties (two timings of the same window differ by ~2%)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured on one model and device: forward_s {window slots: seconds} at a half-made image's context, the
+    seconds of one small eager op, the row stride the windows were made from, and head_s: the seconds of one call
+    of the heads' vertical network on a row (their flops; 0 without heads)."""
+
+    forward_s: dict
+    op_s: float
+    row_stride: int
+    head_s: float = 0.0
+
+    def window(self, rows: int) -> int:
+        """ssd-exact's mean fed window at `rows` draft rows (WINDOW_ROWS rows of this stride)."""
+        return max(1, round(WINDOW_ROWS[rows] * self.row_stride))
+
+    def step_s(self, rows: int, heads: bool) -> float:
+        """Expected seconds of one ssd-exact step: the window's forward, the policy's ops, the heads' networks."""
+        ops = OPS_PER_STEP[rows, heads]
+        if not heads:
+            return self.forward_s[self.window(rows)] + ops * self.op_s
+        calls = HEAD_CALLS_PER_STEP[rows]
+        return self.forward_s[self.window(rows)] + (ops - HEAD_OPS_PER_CALL * calls) * self.op_s + calls * self.head_s
+
+    def ar_step_s(self) -> float:
+        return self.forward_s[1] + AR_OPS_PER_STEP * self.op_s
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ssd-exact runs with: draft rows, heads used, and the expected time ratio to ar that made the pick."""
+
+    rows: int
+    heads: bool
+    speedup: float  # expected ar time / this choice's time
+    source: str  # "measured", "cached" or "given" (a cost table passed in)
+
+    def params(self) -> dict:
+        """The trace's and bench's record of the pick."""
+        return {"draft_rows_picked": self.rows, "heads_used": self.heads, "expected_speedup": round(self.speedup, 2),
+                "calibration": self.source}
+
+
+def choose(costs: Costs, heads: bool, source: str = "given") -> Choice:
+    """The choice of least expected time per image (heads: whether heads are there to use); choices within TIE
+    of it count as ties (closer than the measurement can tell), and a tie goes to fewer rows, then to no heads
+    (smaller windows, fewer ops)."""
+    options = [(r, h) for r in range(1, MAX_ROWS + 1) for h in ((False, True) if heads else (False,))]
+    time_of = {o: STEPS_SHARE[o] * costs.step_s(*o) for o in options}
+    least = min(time_of.values())
+    best = min((o for o in options if time_of[o] <= least * (1 + TIE)), key=lambda o: (o[0], o[1]))
+    return Choice(best[0], best[1], costs.ar_step_s() / time_of[best], source)
+
+
+_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: Costs}
+_head_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {shape: seconds}
+_lock = threading.Lock()
+
+
+def pick(run, costs: Costs | None = None) -> Choice:
+    """ssd-exact's rows and heads for this run (its model, device, streams, grid; heads if the run has them):
+    from `costs` when given, else from the cached or newly measured costs."""
+    heads = run.heads is not None
+    if costs is not None:
+        return choose(costs, heads)
+    model = run.model
+    streams = int(run.prompt_features.shape[0])
+    key = _key(model, run.layout, streams)
+    with _lock:
+        held = _memory.setdefault(model, {})
+        source = "cached"
+        if key not in held:
+            found = _read_file(key)
+            if found is None:
+                with opcount.uncounted():  # one-time work, no step's overhead
+                    found = measure(model, run.layout, streams)
+                _write_file(key, found)
+                source = "measured"
+            held[key] = found
+        costs = held[key]
+        if heads:  # the heads' own flops (per heads object and shape: a few ms to time)
+            timed = _head_memory.setdefault(run.heads, {})
+            shape = (streams, run.layout.grid[1], str(model.device))
+            if shape not in timed:
+                with opcount.uncounted():
+                    timed[shape] = head_seconds(run.heads, streams, run.layout.grid[1], model.device)
+            costs = replace(costs, head_s=timed[shape])
+        return choose(costs, heads, source)
+
+
+def _key(model, layout, streams: int) -> str:
+    dev = torch.device(model.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    ident = getattr(getattr(getattr(model, "model", None), "config", None), "_name_or_path", "") or model.family
+    H, W = layout.grid
+    return f"{model.family}|{ident}|{str(model.dtype).removeprefix('torch.')}|{name}|{H}x{W}|{streams} streams"
+
+
+class TimingSession(Session):
+    """The calibration's throwaway KV session: a DynamicCache Session whose forwards are no generation's steps.
+    Its forward is Session's own, taken when this module loaded, so what watches a generation's sessions
+    (opcount's steps, timing and host-copy counters that wrap Session.forward) does not see the calibration."""
+
+    forward = Session.forward
+
+
+@torch.no_grad()
+def measure(model, layout, streams: int) -> Costs:
+    """Time the forward and window logits of one token and of ssd-exact's mean windows at 1..MAX_ROWS rows, each
+    over the keys of half the image (a TimingSession: a running generation's caches are not touched), REPEATS
+    times (the least counts), and a policy's ops. The prompt is a few image-token ids (any family takes them; no
+    tokenizer needed), as many streams as the run's."""
+    stride = layout.row_stride
+    probe = Costs({}, 0.0, stride)
+    windows = sorted({1} | {probe.window(r) for r in range(1, MAX_ROWS + 1)})
+    half = min(layout.num_slots // 2, CONTEXT_CAP)
+    ids = model.code_to_id(torch.zeros(layout.num_slots + max(windows), dtype=torch.long, device=model.device))
+    op_s = _op_seconds(model.device, stride, model.image_vocab_size)
+    prompt = Prompt(ids[:4].cpu().expand(streams, 4).clone(), torch.ones(streams, 4, dtype=torch.bool))
+    session = TimingSession(model, prompt)
+    for lo in range(0, half, stride):  # the context: half an image's keys, a row a forward (windows a step feeds)
+        session.forward(ids[lo:min(lo + stride, half)])
+    best = {}
+    for _ in range(REPEATS):
+        for w in windows:
+            start = time.perf_counter()
+            feats = session.forward(ids[half:half + w])
+            model.image_logits(feats).sum().item()  # the window's logits, as a step makes them; a host read waits
+            best[w] = min(best.get(w, float("inf")), time.perf_counter() - start)
+            session.crop(half)
+    return Costs(best, op_s, stride)
+
+
+@torch.no_grad()
+def head_seconds(heads, streams: int, width: int, device) -> float:
+    """Seconds of one call of the heads' vertical network on a row ([streams, width] cells), the least of 3 after
+    one to warm up: what the heads' flops add to a step besides their ops."""
+    from .heads import VERTICAL_INPUTS
+
+    param = next(heads.vertical.parameters())
+    x = torch.randn(streams, width, heads.hidden, device=param.device, dtype=param.dtype)
+    inputs = [x] * VERTICAL_INPUTS[heads.vertical_left]
+    best = float("inf")
+    for i in range(4):
+        start = time.perf_counter()
+        heads.vertical.forward(*inputs).sum().item()  # .forward: a generation's hooks on the heads do not fire
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _op_seconds(device, n: int, V: int, rounds: int = 20) -> float:
+    """Seconds of one of a policy's eager ops on the device, Python around it included: the sampler's own
+    functions (guidance, min-p, top-k, log-softmax, a Gumbel pick, an acceptance test) on [n, V] logits, timed
+    `rounds` times (the least of 3 bursts) and divided by the ops they dispatch (counted once, opcount)."""
+    from .sampling import SamplerSettings, guide, gumbel_argmax, log_probs, rejected
+
+    settings = SamplerSettings(cfg=4.0, top_k=min(40, V), min_p=0.01)
+    logits = torch.randn(2, n, V, device=device)
+    noise, u = torch.rand(n, V, device=device), torch.rand(n, device=device)
+    codes = torch.zeros(n, dtype=torch.long, device=device)
+
+    def burst():
+        logp = log_probs(guide(logits, settings.cfg, settings.min_p), settings, check=False)
+        p = logp.exp()
+        return rejected(u, p, p, gumbel_argmax(logp, noise) + codes)
+
+    counter = opcount.OpCounter()
+    with counter:
+        burst()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(rounds):
+            out = burst()
+        out.sum().item()
+        best = min(best, time.perf_counter() - start)
+    return best / (rounds * max(counter.total, 1))
+
+
+def _path() -> str | None:
+    return os.environ.get("SSD_CALIBRATION_FILE") or None
+
+
+def _read_file(key: str) -> Costs | None:
+    path = _path()
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            entry = json.load(f).get(key)
+        return Costs({int(w): float(s) for w, s in entry["forward_s"].items()}, float(entry["op_s"]),
+                     int(entry["row_stride"])) if entry else None  # head_s: timed per heads, not kept
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged file: measure again
+        return None
+
+
+def _write_file(key: str, costs: Costs) -> None:
+    path = _path()
+    if not path:
+        return
+    try:
+        data = {}
+        if os.path.isfile(path):
+            with open(path) as f:
+                data = json.load(f)
+            if not isinstance(data, dict):
+                data = {}
+        data[key] = {k: v for k, v in asdict(costs).items() if k != "head_s"}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):  # an unwritable cache is only a cache
+        pass
+
+
+def summary(costs: Costs, heads: bool = True) -> dict:
+    """Every choice's expected speed-up over ar (for reports and tests)."""
+    ar = costs.ar_step_s()
+    return {f"{r} rows{' heads' if h else ''}": round(ar / (STEPS_SHARE[r, h] * costs.step_s(r, h)), 3)
+            for r in range(1, MAX_ROWS + 1) for h in ((False, True) if heads else (False,))}
