@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, NO_HEADS, DecoderParams, needs_heads, uses_heads
+from .decoders import DECODERS, NO_HEADS, DecoderParams, bench_variant, needs_heads, uses_heads
 from .errors import SSDError
 from .outputs import check_output, check_output_dir, write_or_keep
 from .trace import finite_or_none, status_image
@@ -51,11 +51,12 @@ class BenchOptions:
 def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
     """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
     each adaptive percent (ssd_adaptive, besides params' own, 0 by default) and stable_first_row value; a name
-    ending in ':noheads' is its decoder without heads."""
+    ending in ':noheads' is its decoder without heads, 'NAME@N' the decoder at N draft rows (decoders.bench_variant)."""
     out = []
     for name in o.decoders:
         if name != "ssd":
-            out.append((name, name.removesuffix(NO_HEADS), o.params))
+            decoder, _, rows = bench_variant(name)
+            out.append((name, decoder, o.params if rows is None else DecoderParams.of(o.params, draft_rows=rows)))
             continue
         for f in o.ssd_first_row or (o.params.stable_first_row,):
             for r in o.ssd_rounds or (o.params.verify_rounds,):
@@ -253,9 +254,18 @@ def run_batches(model, heads, o: BenchOptions, variants, prompts, seeds, log=pri
     return out
 
 
+def _rows(params: dict) -> str:
+    """The draft rows a row ran with: '3' as given; picked by ssd-exact's calibration (calibrate.py) '1*', with
+    '+h' where it used the heads; '-' for decoders without rows."""
+    if "draft_rows_picked" in params:
+        return f"{params['draft_rows_picked']}*" + ("+h" if params.get("heads_used") else "")
+    return str(params["draft_rows"]) if params.get("draft_rows") else "-"
+
+
 def print_table(report: dict, log=print) -> None:
     head = (f"{'decoder':<12}{'steps':>8}{'step x':>9}{'wall x':>9}{'wall s':>9}{'nll':>9}{'nll gap':>9}"
             f"{'nll_full':>9}{'full gap':>9}{'outside':>9}{'accept':>8}{'acc r0':>8}{'E acc r0':>9}{'policy':>8}{'ops/st':>8}"
+            f"{'rows':>6}"
             f"{'cls acc':>9}{'fd':>8}{'same':>8}  identical")
     log(f"{report['images']} images, grid {report['grid'][0]}x{report['grid'][1]}, medians")
     log(head)
@@ -265,6 +275,7 @@ def print_table(report: dict, log=print) -> None:
             f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
             f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
+            f"{_rows(r.get('params', {})):>6}"
             f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}{_num(r.get('same_cells_as_ar'), 100, '-', 1):>7}%  {ident}")
     if "yardstick" in report:
         y, n = report["yardstick"], report["images"]

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, NO_HEADS, PARAMS, VERIFY_ROUNDS, DecoderParams, needs_heads, spec
+from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, DecoderParams, bench_variant, needs_heads, spec
 from .errors import SSDError
 from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
@@ -50,8 +50,8 @@ def validate(args) -> None:
         _positive(args, "--batch", 0)
         if args.decoders is not None:
             args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
-            for name in args.decoders:  # "ssd-exact:noheads": that decoder without the loaded heads
-                spec(name.removesuffix(NO_HEADS))
+            for name in args.decoders:  # "ssd-exact@3:noheads": that decoder at 3 rows without the loaded heads
+                spec(bench_variant(name)[0])
         args.ssd_rounds = _whole_list(args.ssd_rounds, "--ssd-rounds", VERIFY_ROUNDS, "0,1,2")
         args.ssd_adaptive = _whole_list(args.ssd_adaptive, "--ssd-adaptive", PARAMS["adaptive_percent"], "5,15")
         args.ssd_first_row = _whole_list(args.ssd_first_row, "--ssd-first-row", PARAMS["stable_first_row"], "1,2")
@@ -224,7 +224,8 @@ def _bench_parser(sub) -> None:
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
     b.add_argument("--decoders", default=None, help="comma list (default: every decoder the heads allow); "
-                   "NAME:noheads runs a decoder without the loaded heads, e.g. ssd-exact,ssd-exact:noheads")
+                   "NAME:noheads runs a decoder without the loaded heads, NAME@N at N draft rows, e.g. "
+                   "ssd-exact,ssd-exact@3,ssd-exact@3:noheads")
     b.add_argument("--images", type=int, default=4)
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")

@@ -76,11 +76,11 @@ def test_whole_number_limits_and_reasons():
 
 def test_each_decoder_gets_its_own_defaults_and_records_what_it_runs_with():
     none = DecoderParams()
-    assert none.for_decoder("ssd-exact") == {"draft_rows": 3}
+    assert none.for_decoder("ssd-exact") == {"draft_rows": 0}  # 0: picked for the device (calibrate.py)
     assert none.for_decoder("ssd") == {"draft_rows": 1, "verify_rounds": 2, "stable_first_row": 2,
                                        "adaptive_percent": 0, "repair": 1}
     assert none.for_decoder("sjd") == {"window": 16} and none.for_decoder("zipar") == {"window": None}
-    assert DecoderParams(draft_rows=0).for_decoder("ssd-exact") == {"draft_rows": 3}  # 0: the decoder's default
+    assert DecoderParams(draft_rows=0).for_decoder("ssd") == {**none.for_decoder("ssd"), "draft_rows": 1}  # 0: default
     for name in DECODERS:
         given = DecoderParams(draft_rows=2, window=5, verify_rounds=1)
         policy = make_policy(name, given)
@@ -105,10 +105,11 @@ def test_the_object_and_the_names_make_the_same_images(tiny):
 
 def test_bench_rows_carry_the_object():
     base = DecoderParams(draft_rows=2)
-    rows = _variants(BenchOptions(decoders=("ar", "ssd", "ssd-exact:noheads"), params=base, ssd_first_row=(1, 2),
-                                  ssd_adaptive=(20,)))
+    rows = _variants(BenchOptions(decoders=("ar", "ssd", "ssd-exact@4", "ssd-exact:noheads"), params=base,
+                                  ssd_first_row=(1, 2), ssd_adaptive=(20,)))
     assert [label for label, _, _ in rows] == ["ar", "ssd f=1", "ssd a=20 f=1", "ssd f=2", "ssd a=20 f=2",
-                                               "ssd-exact:noheads"]
+                                               "ssd-exact@4", "ssd-exact:noheads"]
+    assert rows[-2][1:] == ("ssd-exact", DecoderParams(draft_rows=4))  # NAME@N: N draft rows
     assert rows[2][2] == DecoderParams(draft_rows=2, stable_first_row=1, adaptive_percent=20)
     assert rows[-1][1:] == ("ssd-exact", base) and rows[0][2] is base
 

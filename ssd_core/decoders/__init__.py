@@ -34,9 +34,18 @@ class Param:
 
 
 NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
+ROWS_AT = "@"  # bench decoder suffix: that many draft rows ("ssd-exact@3", "ssd-exact@3:noheads")
+
+
+def bench_variant(name: str) -> tuple[str, bool, int | None]:
+    """A bench decoder name -> (decoder, without heads, draft rows or None): 'ssd-exact@3:noheads' ->
+    ('ssd-exact', True, 3). One SSDError line for rows that are not a whole number in DRAFT_ROWS' limits."""
+    base, _, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
+    return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {name!r}",
+                                                                       int(rows) if rows.isdigit() else rows) if rows else None
 
 DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
-                            "(ssd 1, ssd-exact 3)")
+                            "(ssd 1; ssd-exact: rows and heads picked for the model and device, calibrate.py)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
 STABLE_FIRST_ROW = Param(0, 2, 2, "ssd: decode the first row by ssd-exact's rule, the row ar draws (2); verify the first "
@@ -119,9 +128,9 @@ DECODER_SPECS = {
     "ar": DecoderSpec(ARPolicy),
     "ssd": DecoderSpec(SSDPolicy, ("draft_rows", "verify_rounds", "stable_first_row", "adaptive_percent", "repair"),
                        {"draft_rows": 1}),
-    # 3 rows: about the fewest steps with and without heads on the bundled model (docs/decoders.md, "Exact
-    # speed-up without heads"); fewer rows cost less per step on a CPU (docs/speed.md, "GPUs and Macs")
-    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 3}),
+    # 0: rows (and whether the heads pay) picked by a short measured calibration of the model on its device
+    # (calibrate.py; docs/speed.md, "Defaults that fit the device"): the image never changes, only steps and time
+    "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 0}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
 }
