@@ -25,7 +25,7 @@ demo: install
 	$(PY) -m ssd_core.demo --model $(DEMO_MODEL) --images $(DEMO_IMAGES) --out-dir demo_out
 
 bench: install
-	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,sjd,zipar --ssd-first-row 1,2 \
+	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,ssd-exact@3,ssd-exact@3:noheads,sjd,zipar --ssd-first-row 1,2 \
 		--images $(BENCH_IMAGES) --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
 
 bench-sizes: install

@@ -28,8 +28,9 @@ import torch
 
 from . import opcount
 from .session import Prompt, Session
+from .static_cache import WINDOW_ROWS
 
-MAX_ROWS = 4
+MAX_ROWS = WINDOW_ROWS - 1  # the most rows a pick may use: the static cache's buckets fit its widest window
 # ssd-exact's steps per image cell by (draft rows, heads), and its ops a step outside the forward (opcount),
 # bundled model, 24x24, images 0-3 (classes 0-3, seeds 0-3; ops: images 0-1), this version's drafting
 # (docs/speed.md, "Defaults that fit the device")

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .calibrate import MAX_ROWS
 from .errors import SSDError
 from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
-WINDOW_ROWS = MAX_ROWS + 1  # ssd-exact's widest default window: the most rows its calibration picks plus the
-#                            final-but-uncached slots of the row before
+WINDOW_ROWS = 5  # the widest window the buckets fit: ssd-exact's most drafted rows at its default (calibrate.MAX_ROWS,
+#                 4) plus the final-but-uncached slots of the row before
 
 
 def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:

@@ -12,10 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "docs" / "bench_reference.json"
 START, END = "<!-- results:start (tools/readme_results.py) -->", "<!-- results:end -->"
-ROWS = {  # bench row -> what the README calls it
+ROWS = {  # bench row -> what the README calls it ("{picked}": what ssd-exact's default picked on the bench's device)
     "ar": "`ar` (plain AR, the reference)",
-    "ssd-exact": "`ssd-exact` (the default)",
-    "ssd-exact:noheads": "`ssd-exact` without heads",
+    "ssd-exact": "`ssd-exact` (the default; here it picked {picked})",
+    "ssd-exact@3": "`ssd-exact`, 3 rows with heads (the fewest steps)",
+    "ssd-exact@3:noheads": "`ssd-exact`, 3 rows without heads",
     "ssd f=2": "`ssd`",
     "sjd": "`sjd` (peer)",
     "zipar": "`zipar` (peer)",
@@ -28,6 +29,10 @@ def table(report: dict) -> str:
            "class accuracy | same image as `ar` |", "|---|---:|---:|---:|---:|---:|---|"]
     for key, name in ROWS.items():
         r = rows[key]
+        p = r.get("params", {})
+        if "draft_rows_picked" in p:
+            n = p["draft_rows_picked"]
+            name = name.format(picked=f"{n} row{'s' if n > 1 else ''} {'with' if p['heads_used'] else 'without'} heads")
         same = "yes" if r["identical_to_ar"] else f"no ({r['same_cells_as_ar'] * 100:.0f}% of cells)"
         out.append(f"| {name} | {r['steps']:g} | {r['step_ratio']:.1f}x | {r['wall_ratio']:.2f}x | "
                    f"{r['nll_full_gap'] * 100:+.1f}% | {r['class_acc'] * 100:.0f}% | {same} |")
