@@ -36,14 +36,6 @@ class Param:
 NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
 ROWS_AT = "@"  # bench decoder suffix: that many draft rows ("ssd-exact@3", "ssd-exact@3:noheads")
 
-
-def bench_variant(name: str) -> tuple[str, bool, int | None]:
-    """A bench decoder name -> (decoder, without heads, draft rows or None): 'ssd-exact@3:noheads' ->
-    ('ssd-exact', True, 3). One SSDError line for rows that are not a whole number in DRAFT_ROWS' limits."""
-    base, _, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
-    return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {name!r}",
-                                                                       int(rows) if rows.isdigit() else rows) if rows else None
-
 DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
                             "(ssd 1; ssd-exact: rows and heads picked for the model and device, calibrate.py)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
@@ -54,9 +46,21 @@ ADAPTIVE_PERCENT = Param(0, 100, 0, "ssd: end a block's verification once a roun
                          "of its cells (0 = off; verify_rounds stays the cap)")
 REPAIR = Param(0, 1, 1, "ssd: a committed token outside the top-k / min-p set of its final context is redrawn "
                "from it when the next forward feeds it (1: no extra steps; 0 = the paper's rule)")
+
+
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,
           "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT,
           "repair": REPAIR}  # every decoder parameter
+
+
+def bench_variant(name: str) -> tuple[str, bool, int | None]:
+    """A bench decoder name -> (decoder, without heads, draft rows or None): 'ssd-exact@3:noheads' ->
+    ('ssd-exact', True, 3). One SSDError line for rows that are not a whole number in DRAFT_ROWS' limits."""
+    base, _, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
+    if not rows:
+        return base, name.endswith(NO_HEADS), None
+    given = int(rows) if rows.isdigit() else rows  # '3' -> 3; anything else is refused by name
+    return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {name!r}", given)
 
 
 class _DecoderParams:
