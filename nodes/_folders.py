@@ -5,6 +5,7 @@ Outside ComfyUI the folders come from ``SSD_MODELS_DIR`` and ``SSD_HEADS_DIR`` (
 import os
 import sys
 
+from .. import ssd_core
 from ._comfy import module
 
 MODELS_KEY = "ssd_models"
@@ -116,8 +117,6 @@ def list_heads_files():
 
 def bundled(kind):
     """The bundled models' (kind 'models') or heads' ('heads') names, `reference` first."""
-    import ssd_core
-
     return ssd_core.list_bundled()[kind] or [BUNDLED]
 
 

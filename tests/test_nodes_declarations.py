@@ -220,3 +220,21 @@ def test_the_package_leaves_out_what_a_user_does_not_run():
     kept = {r[1:] for r in rules if r.startswith("!docs/")}
     assert shown == kept, f"README shows {sorted(shown)}, .comfyignore keeps {sorted(kept)}: keep them in step"
     assert all((ROOT / k).is_file() for k in kept), kept
+
+
+def test_the_nodes_import_as_comfyui_imports_them(tmp_path):
+    """ComfyUI imports the pack as a package from custom_nodes/, with the pack's own folder NOT on sys.path: an
+    absolute `import ssd_core` anywhere in nodes/ works under pytest (the repository root is on the path) and
+    fails there ("IMPORT FAILED", no SSD node at all). A fresh interpreter with only custom_nodes on its path
+    must import the nodes and list the bundled models."""
+    import subprocess
+
+    (tmp_path / "ComfyUI-SSD").symlink_to(ROOT, target_is_directory=True)
+    code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); "
+            "assert not any(p and p.rstrip('/') == sys.argv[2] for p in sys.path), sys.path; "
+            "nodes = importlib.import_module('ComfyUI-SSD.nodes'); "
+            "print(sorted(nodes.NODES)); print(nodes._folders.model_choices())")
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path), str(ROOT)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SSDSampler" in out.stdout and "reference-48" in out.stdout, out.stdout
