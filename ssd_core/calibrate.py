@@ -18,6 +18,7 @@ measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tabl
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ import torch
 
 from . import opcount
 from .session import Prompt, Session
-from .static_cache import WINDOW_ROWS
+from .static_cache import WINDOW_ROWS, offloaded
 
 MAX_ROWS = WINDOW_ROWS - 1  # the most rows a pick may use: the static cache's buckets fit its widest window
 # ssd-exact's steps per image cell by (draft rows, heads), and its ops a step outside the forward (opcount),
@@ -82,11 +83,12 @@ class Choice:
     rows: int
     heads: bool
     speedup: float  # expected ar time / this choice's time
-    source: str  # "measured", "cached" or "given" (a cost table passed in)
+    source: str  # "measured", "cached", "given" (a cost table passed in) or "offload" (not measured)
 
     def params(self) -> dict:
         """The trace's and bench's record of the pick."""
-        return {"draft_rows_picked": self.rows, "heads_used": self.heads, "expected_speedup": round(self.speedup, 2),
+        expected = round(self.speedup, 2) if math.isfinite(self.speedup) else None
+        return {"draft_rows_picked": self.rows, "heads_used": self.heads, "expected_speedup": expected,
                 "calibration": self.source}
 
 
@@ -113,6 +115,11 @@ def pick(run, costs: Costs | None = None) -> Choice:
     if costs is not None:
         return choose(costs, heads)
     model = run.model
+    inner = getattr(model, "model", None)  # the transformers module
+    if isinstance(inner, torch.nn.Module) and offloaded(inner):
+        # weights move in every forward: its cost is flat in the window, and timing it would take many slow
+        # forwards; the widest window with the heads, unmeasured
+        return Choice(MAX_ROWS, heads, float("nan"), "offload")
     streams = int(run.prompt_features.shape[0])
     key = _key(model, run.layout, streams)
     with _lock:

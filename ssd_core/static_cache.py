@@ -95,6 +95,12 @@ def unsupported_compile(module: torch.nn.Module) -> str | None:
             getattr(module, "is_quantized", False) or quantizer is not None:
         method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
         return f"it is quantized ({getattr(method, 'value', method) or 'bitsandbytes'})"
+    return offloaded(module)
+
+
+def offloaded(module: torch.nn.Module) -> str | None:
+    """Where accelerate offloads part of this transformers model (None: nowhere): its weights move in every
+    forward, behind compiler-disabled hooks."""
     places = {str(v) for v in (getattr(module, "hf_device_map", None) or {}).values()}
     hooked = any(getattr(getattr(m, "_hf_hook", None), "offload", False) or
                  any(getattr(h, "offload", False) for h in getattr(getattr(m, "_hf_hook", None), "hooks", ()))

@@ -83,6 +83,23 @@ def test_offloaded_head_generates_the_tokens_of_the_plain_model(pair):
     assert {p.device.type for p in head.parameters()} == {"meta"}  # the full head stays offloaded
 
 
+def test_an_offloaded_model_takes_the_widest_rows_unmeasured(pair, monkeypatch):
+    """ssd-exact's default (draft rows 0) times forwards to pick its rows; under offload every forward moves
+    weights (flat in the window, slow to time), so it takes calibrate.MAX_ROWS with the heads, unmeasured, and
+    the image is still ar's."""
+    from ssd_core import calibrate
+
+    family, plain, offloaded = pair
+    monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("an offloaded model was timed"))
+    heads = ssd_core.DraftHeads.for_model(plain)
+    kw = dict(prompt=PROMPT[family], seed=1, grid=GRID[family], decode_pixels=False, score=False)
+    r = ssd_core.generate(offloaded, heads, decoder="ssd-exact", **kw)
+    assert r.trace.settings["calibration"] == "offload" and r.trace.settings["expected_speedup"] is None
+    assert r.trace.settings["draft_rows_picked"] == calibrate.MAX_ROWS and r.trace.settings["heads_used"] is True
+    assert torch.equal(r.tokens, ssd_core.generate(offloaded, None, decoder="ar", **kw).tokens)
+    assert static_cache.offloaded(plain.model) is None and "disk" in static_cache.offloaded(offloaded.model)
+
+
 def test_offloaded_head_logits_equal_the_plain_heads(pair):
     family, plain, offloaded = pair
     x = torch.randn(3, plain.hidden_size)
