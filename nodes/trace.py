@@ -142,7 +142,7 @@ def details(trace):
     picked = (trace.get("settings") or {}).get("draft_rows_picked")
     if picked:  # ssd-exact's draft rows 0: what its calibration picked (ssd_core/calibrate.py)
         heads = "with the heads" if trace["settings"].get("heads_used") else "without heads (they do not pay here)"
-        parts.append(f"{picked} draft rows {heads}, picked for this model and device")
+        parts.append(f"{picked} draft row{'s' if picked > 1 else ''} {heads}, picked for this model and device")
     parts.append(f"seed {trace.get('seed')}")
     return "details: " + " | ".join(parts)
 

@@ -150,3 +150,5 @@ def test_bench_and_the_stats_say_what_was_picked():
              "settings": {"draft_rows": 0, "draft_rows_picked": 2, "heads_used": False}}
     assert "2 draft rows without heads (they do not pay here), picked for this model and device" in \
         node_trace.details(trace)
+    trace["settings"].update(draft_rows_picked=1, heads_used=True)
+    assert "| 1 draft row with the heads, picked for this model and device |" in node_trace.details(trace)
