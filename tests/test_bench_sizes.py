@@ -22,17 +22,17 @@ def _tool():
 
 def test_sweep_writes_one_row_per_decoder_and_size_and_a_plot(tmp_path, capsys):
     out, png = tmp_path / "sizes.json", tmp_path / "sizes.png"
-    assert _tool().main(["--images", "1", "--sides", "24,32", "--decoders", "ar,ssd-exact,ssd-exact:noheads",
+    assert _tool().main(["--images", "1", "--sides", "24,32", "--decoders", "ar,ssd-exact@2:noheads",
                          "--json", str(out), "--plot", str(png)]) == 0
     report = json.loads(out.read_text())
     assert [(s["model"], s["side"]) for s in report["sizes"]] == [("reference", 24), ("reference-48", 32)]
     for size in report["sizes"]:
         rows = {r["decoder"]: r for r in size["rows"]}
-        assert set(rows) == {"ar", "ssd-exact", "ssd-exact:noheads"}
+        assert set(rows) == {"ar", "ssd-exact@2:noheads"}
         assert rows["ar"]["steps"] == size["side"] ** 2 - 1  # one token a step (the first comes with the prefill)
-        for name in ("ssd-exact", "ssd-exact:noheads"):
-            assert rows[name]["identical_to_ar"] == 1.0 and rows[name]["step_ratio"] > 2.5
-        assert rows["ssd-exact"]["class_acc"] is not None  # the yardstick scores both models' pictures
+        exact = rows["ssd-exact@2:noheads"]
+        assert exact["identical_to_ar"] == 1.0 and exact["step_ratio"] > 2.5
+        assert exact["class_acc"] is not None  # the yardstick scores both models' pictures
     assert Image.open(png).size == (640, 420)
     table = capsys.readouterr().out
-    assert "| 32 | ssd-exact |" in table and "steps / side" in table
+    assert "| 32 | ssd-exact@2:noheads |" in table and "steps / side" in table

@@ -39,8 +39,9 @@ def test_ssd_exact_is_ar_at_48x48_in_far_fewer_steps(bundled48):
 
 def test_the_middle_grid_32x32_is_exact_too(bundled48):
     model, heads = bundled48
-    for seed in (1, 2, 3):
-        ar = ssd_core.generate(model, None, prompt="animal", decoder="ar", seed=seed, grid=(32, 32))
-        ex = ssd_core.generate(model, heads, prompt="animal", decoder="ssd-exact", seed=seed, grid=(32, 32))
+    for seed in (1, 2):
+        ar = ssd_core.generate(model, None, prompt="animal", decoder="ar", seed=seed, grid=(32, 32), score=False)
+        ex = ssd_core.generate(model, heads, prompt="animal", decoder="ssd-exact", seed=seed, grid=(32, 32),
+                               decode_pixels=False, score=False)
         assert tuple(ar.image.shape) == (128, 128, 3)
         assert torch.equal(ar.tokens, ex.tokens) and ex.trace.steps < ar.trace.steps / 2.5
