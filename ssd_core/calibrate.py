@@ -245,23 +245,28 @@ def _read_file(key: str) -> Costs | None:
     try:
         with open(path) as f:
             entry = json.load(f).get(key)
-        return Costs({int(w): float(s) for w, s in entry["forward_s"].items()}, float(entry["op_s"]),
-                     int(entry["row_stride"])) if entry else None  # head_s: timed per heads, not kept
+        if not entry:
+            return None
+        costs = Costs({int(w): float(s) for w, s in entry["forward_s"].items()}, float(entry["op_s"]),
+                      int(entry["row_stride"]))  # head_s: timed per heads, not kept
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged file: measure again
         return None
+    needed = {1} | {costs.window(r) for r in range(1, MAX_ROWS + 1)}
+    return costs if needed <= set(costs.forward_s) else None  # another version's windows: measure again
 
 
 def _write_file(key: str, costs: Costs) -> None:
     path = _path()
     if not path:
         return
+    data = {}
     try:
-        data = {}
-        if os.path.isfile(path):
-            with open(path) as f:
-                data = json.load(f)
-            if not isinstance(data, dict):
-                data = {}
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):  # none yet, or damaged: written anew
+        pass
+    data = data if isinstance(data, dict) else {}
+    try:
         data[key] = {k: v for k, v in asdict(costs).items() if k != "head_s"}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w") as f:

@@ -135,6 +135,12 @@ def test_measured_costs_are_cached_per_model_and_in_the_file(tiny, tmp_path, mon
     path.write_text("{not json")
     monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
     assert calibrate.pick(run).source == "measured"
+    data = json.loads(path.read_text())  # a file from a version that timed other windows: measured again
+    for entry in data.values():
+        entry["forward_s"] = {"1": 0.01, "7": 0.02}
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
+    assert calibrate.pick(run).source == "measured"
 
 
 def test_bench_and_the_stats_say_what_was_picked():
