@@ -29,9 +29,9 @@ import torch
 
 from . import opcount
 from .session import Prompt, Session
-from .static_cache import WINDOW_ROWS, offloaded
+from . import static_cache
 
-MAX_ROWS = WINDOW_ROWS - 1  # the most rows a pick may use: the static cache's buckets fit its widest window
+MAX_ROWS = static_cache.WINDOW_ROWS - 1  # the most rows a pick may use: the buckets fit its widest window
 # ssd-exact's steps per image cell by (draft rows, heads), and its ops a step outside the forward (opcount),
 # bundled model, 24x24, images 0-3 (classes 0-3, seeds 0-3; ops: images 0-1), this version's drafting
 # (docs/speed.md, "Defaults that fit the device")
@@ -39,8 +39,8 @@ STEPS_SHARE = {(1, True): 0.2565, (2, True): 0.1836, (3, True): 0.1740, (4, True
                (1, False): 0.2756, (2, False): 0.2023, (3, False): 0.1801, (4, False): 0.1788}
 OPS_PER_STEP = {(1, True): 163.0, (2, True): 184.0, (3, True): 187.0, (4, True): 189.0,
                 (1, False): 85.0, (2, False): 88.0, (3, False): 89.0, (4, False): 88.0}
-WINDOW_ROWS = {1: 0.70, 2: 1.52, 3: 2.36, 4: 3.16}  # the mean fed window, in rows (from the kept prefix to the
-#                                                   end of the drafted rows: 17.5 / 38 / 59 / 79 slots)
+MEAN_WINDOW_ROWS = {1: 0.70, 2: 1.52, 3: 2.36, 4: 3.16}  # the mean fed window, in rows (from the kept prefix to
+#                                                        the end of the drafted rows: 17.5 / 38 / 59 / 79 slots)
 HEAD_CALLS_PER_STEP = {1: 1.6, 2: 2.0, 3: 2.1, 4: 2.1}  # the heads' network calls a step (Hv rows, Hh cells)
 HEAD_OPS_PER_CALL = 14  # ops of one call of a head's network (counted in OPS_PER_STEP too)
 AR_OPS_PER_STEP = 56.0
@@ -61,8 +61,12 @@ class Costs:
     head_s: float = 0.0
 
     def window(self, rows: int) -> int:
-        """ssd-exact's mean fed window at `rows` draft rows (WINDOW_ROWS rows of this stride)."""
-        return max(1, round(WINDOW_ROWS[rows] * self.row_stride))
+        """ssd-exact's mean fed window at `rows` draft rows (MEAN_WINDOW_ROWS rows of this stride)."""
+        return max(1, round(MEAN_WINDOW_ROWS[rows] * self.row_stride))
+
+    def windows(self) -> list[int]:
+        """The window lengths a choice needs timed: one token (ar) and the mean window at every row count."""
+        return sorted({1} | {self.window(r) for r in range(1, MAX_ROWS + 1)})
 
     def step_s(self, rows: int, heads: bool) -> float:
         """Expected seconds of one ssd-exact step: the window's forward, the policy's ops, the heads' networks."""
@@ -99,7 +103,7 @@ def choose(costs: Costs, heads: bool, source: str = "given") -> Choice:
     options = [(r, h) for r in range(1, MAX_ROWS + 1) for h in ((False, True) if heads else (False,))]
     time_of = {o: STEPS_SHARE[o] * costs.step_s(*o) for o in options}
     least = min(time_of.values())
-    best = min((o for o in options if time_of[o] <= least * (1 + TIE)), key=lambda o: (o[0], o[1]))
+    best = min(o for o in options if time_of[o] <= least * (1 + TIE))  # (rows, heads): fewer rows, then no heads
     return Choice(best[0], best[1], costs.ar_step_s() / time_of[best], source)
 
 
@@ -116,7 +120,7 @@ def pick(run, costs: Costs | None = None) -> Choice:
         return choose(costs, heads)
     model = run.model
     inner = getattr(model, "model", None)  # the transformers module
-    if isinstance(inner, torch.nn.Module) and offloaded(inner):
+    if isinstance(inner, torch.nn.Module) and static_cache.offloaded(inner):
         # weights move in every forward: its cost is flat in the window, and timing it would take many slow
         # forwards; the widest window with the heads, unmeasured
         return Choice(MAX_ROWS, heads, float("nan"), "offload")
@@ -167,8 +171,7 @@ def measure(model, layout, streams: int) -> Costs:
     times (the least counts), and a policy's ops. The prompt is a few image-token ids (any family takes them; no
     tokenizer needed), as many streams as the run's."""
     stride = layout.row_stride
-    probe = Costs({}, 0.0, stride)
-    windows = sorted({1} | {probe.window(r) for r in range(1, MAX_ROWS + 1)})
+    windows = Costs({}, 0.0, stride).windows()
     half = min(layout.num_slots // 2, CONTEXT_CAP)
     ids = model.code_to_id(torch.zeros(layout.num_slots + max(windows), dtype=torch.long, device=model.device))
     op_s = _op_seconds(model.device, stride, model.image_vocab_size)
@@ -251,8 +254,7 @@ def _read_file(key: str) -> Costs | None:
                       int(entry["row_stride"]))  # head_s: timed per heads, not kept
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged file: measure again
         return None
-    needed = {1} | {costs.window(r) for r in range(1, MAX_ROWS + 1)}
-    return costs if needed <= set(costs.forward_s) else None  # another version's windows: measure again
+    return costs if set(costs.windows()) <= set(costs.forward_s) else None  # another version's windows: measure again
 
 
 def _write_file(key: str, costs: Costs) -> None:

@@ -57,9 +57,7 @@ def bench_variant(name: str) -> tuple[str, bool, int | None]:
     """A bench decoder name -> (decoder, without heads, draft rows or None): 'ssd-exact@3:noheads' ->
     ('ssd-exact', True, 3). One SSDError line for rows that are not a whole number in DRAFT_ROWS' limits."""
     base, _, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
-    if not rows:
-        return base, name.endswith(NO_HEADS), None
-    given = int(rows) if rows.isdigit() else rows  # '3' -> 3; anything else is refused by name
+    given = int(rows) if rows.isdigit() else rows or None  # '3' -> 3; '' -> None; anything else is refused by name
     return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {name!r}", given)
 
 
