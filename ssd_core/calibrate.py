@@ -17,9 +17,13 @@ memory (and in the JSON file named by SSD_CALIBRATION_FILE, when set), so later 
 measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import math
 import os
+import stat
+import tempfile
 import threading
 import time
 import weakref
@@ -241,41 +245,103 @@ def _path() -> str | None:
     return os.environ.get("SSD_CALIBRATION_FILE") or None
 
 
+MAX_FILE_BYTES = 1 << 20  # a calibration file holds a few hundred bytes an entry; a larger one is not ours
+_log = logging.getLogger("ssd_core.calibrate")
+
+
+def _regular_fd(path: str, flags: int) -> int | None:
+    """An fd of `path` only when it is a regular file reached without following a symlink (never a device, a FIFO,
+    a directory or a link, which a cache must neither read nor replace); None when absent; otherwise one log line."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _log.warning("SSD_CALIBRATION_FILE %s is not a regular file we may use (%s): calibrating without it", path, e)
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        _log.warning("SSD_CALIBRATION_FILE %s is not a regular file: calibrating without it", path)
+        return None
+    return fd
+
+
+def _load(path: str) -> dict:
+    """The file's entries ({} when absent, too large, damaged or not a regular file)."""
+    fd = _regular_fd(path, os.O_RDONLY)
+    if fd is None:
+        return {}
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        _log.warning("SSD_CALIBRATION_FILE %s is over %d bytes: ignored", path, MAX_FILE_BYTES)
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # damaged or absurdly nested: measured again
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _costs_of(entry) -> Costs | None:
+    """An entry as Costs, when every value is in range (finite positive seconds, a stride 1-4096, this version's
+    windows); anything else is measured again."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("forward_s"), dict):
+        return None
+    forward, op_s, stride = entry["forward_s"], entry.get("op_s"), entry.get("row_stride")
+    if not (_finite_positive(op_s) and isinstance(stride, int) and not isinstance(stride, bool)
+            and 1 <= stride <= 4096 and len(forward) <= 64):
+        return None
+    if not all(isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 6 and _finite_positive(s)
+               for w, s in forward.items()):
+        return None
+    costs = Costs({int(w): float(s) for w, s in forward.items()}, float(op_s), stride)  # head_s: timed, not kept
+    return costs if set(costs.windows()) <= set(costs.forward_s) else None  # another version's windows
+
+
 def _read_file(key: str) -> Costs | None:
     path = _path()
-    if not path or not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            entry = json.load(f).get(key)
-        if not entry:
-            return None
-        costs = Costs({int(w): float(s) for w, s in entry["forward_s"].items()}, float(entry["op_s"]),
-                      int(entry["row_stride"]))  # head_s: timed per heads, not kept
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged file: measure again
-        return None
-    return costs if set(costs.windows()) <= set(costs.forward_s) else None  # another version's windows: measure again
+    return _costs_of(_load(path).get(key)) if path else None
 
 
 def _write_file(key: str, costs: Costs) -> None:
+    """Merge one entry into the file under an inter-process lock, via a unique temp file renamed over it."""
     path = _path()
     if not path:
         return
-    data = {}
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):  # none yet, or damaged: written anew
-        pass
-    data = data if isinstance(data, dict) else {}
-    try:
-        data[key] = {k: v for k, v in asdict(costs).items() if k != "head_s"}
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(path + ".tmp", path)
-    except (OSError, ValueError):  # an unwritable cache is only a cache
-        pass
+        os.makedirs(folder, exist_ok=True)
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            _log.warning("SSD_CALIBRATION_FILE %s is not a regular file: not written", path)
+            return
+        lock_fd = _regular_fd(path + ".lock", os.O_RDWR | os.O_CREAT)
+        if lock_fd is None:
+            return
+        with os.fdopen(lock_fd, "r+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            data = {k: v for k, v in _load(path).items() if _costs_of(v) is not None}  # the others' entries kept
+            data[key] = {k: v for k, v in asdict(costs).items() if k != "head_s"}
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)  # O_EXCL
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            tmp = None
+    except (OSError, ValueError) as e:  # an unwritable cache is only a cache
+        _log.warning("SSD_CALIBRATION_FILE %s not written (%s)", path, e)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def summary(costs: Costs, heads: bool = True) -> dict:
