@@ -247,6 +247,8 @@ def _path() -> str | None:
 
 MAX_FILE_BYTES = 1 << 20  # a calibration file holds a few hundred bytes an entry; a larger one is not ours
 _log = logging.getLogger("ssd_core.calibrate")
+PLAUSIBLE_FLOOR = 0.5  # a window's forward at least half of one token's (a timing differs ~2% from the next)
+MAX_FORWARD_S = 3600.0  # an hour a forward: anything slower is not a measurement
 
 
 def _regular_fd(path: str, flags: int) -> int | None:
@@ -300,7 +302,10 @@ def _costs_of(entry) -> Costs | None:
                for w, s in forward.items()):
         return None
     costs = Costs({int(w): float(s) for w, s in forward.items()}, float(op_s), stride)  # head_s: timed, not kept
-    return costs if set(costs.windows()) <= set(costs.forward_s) else None  # another version's windows
+    if not set(costs.windows()) <= set(costs.forward_s):  # another version's windows
+        return None
+    one = costs.forward_s[1]  # a wider window reads the same weights: never far cheaper than one token
+    return costs if all(one * PLAUSIBLE_FLOOR <= s <= MAX_FORWARD_S for s in costs.forward_s.values()) else None
 
 
 def _read_file(key: str) -> Costs | None:

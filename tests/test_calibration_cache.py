@@ -105,6 +105,7 @@ def test_six_concurrent_writers_keep_valid_json_and_every_entry(tmp_path):
 @pytest.mark.parametrize("poison", [
     {"op_s": -1.0}, {"op_s": 0}, {"op_s": float("nan")}, {"op_s": True}, {"row_stride": 0}, {"row_stride": -5},
     {"row_stride": 1.5}, {"forward_s": {"1": 0.0}}, {"forward_s": "x"}, {"forward_s": {"-1": 1.0}}, "entry",
+    {"forward_s": {"1": 10.0}}, {"forward_s": {"1": 1e9}},  # a 1,000x "speedup"; a forward of 30 years
 ])
 def test_poisoned_values_are_measured_again(tmp_path, monkeypatch, poison):
     path = tmp_path / "cal.json"
