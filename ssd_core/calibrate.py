@@ -17,7 +17,6 @@ memory (and in the JSON file named by SSD_CALIBRATION_FILE, when set), so later 
 measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -30,6 +29,12 @@ import weakref
 from dataclasses import asdict, dataclass, replace
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: msvcrt's byte lock instead
+    fcntl = None
+    import msvcrt
 
 from . import opcount
 from .session import Prompt, Session
@@ -251,11 +256,22 @@ PLAUSIBLE_FLOOR = 0.5  # a window's forward at least half of one token's (a timi
 MAX_FORWARD_S = 3600.0  # an hour a forward: anything slower is not a measurement
 
 
+_NO_FOLLOW_NOR_WAIT = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _lock_exclusive(f) -> None:
+    """Wait for the inter-process lock on the open lock file `f` (released when it is closed)."""
+    if fcntl is not None:
+        fcntl.flock(f, fcntl.LOCK_EX)
+    else:
+        msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+
+
 def _regular_fd(path: str, flags: int) -> int | None:
     """An fd of `path` only when it is a regular file reached without following a symlink (never a device, a FIFO,
     a directory or a link, which a cache must neither read nor replace); None when absent; otherwise one log line."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(path, flags | _NO_FOLLOW_NOR_WAIT, 0o644)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -329,7 +345,7 @@ def _write_file(key: str, costs: Costs) -> None:
         if lock_fd is None:
             return
         with os.fdopen(lock_fd, "r+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            _lock_exclusive(lock)
             data = {k: v for k, v in _load(path).items() if _costs_of(v) is not None}  # the others' entries kept
             data[key] = {k: v for k, v in asdict(costs).items() if k != "head_s"}
             fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)  # O_EXCL
