@@ -339,8 +339,7 @@ def _write_file(key: str, costs: Costs) -> None:
     try:
         os.makedirs(folder, exist_ok=True)
         if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
-            _log.warning("SSD_CALIBRATION_FILE %s is not a regular file: not written", path)
-            return
+            return  # never replaced; the read before this measurement already logged why
         lock_fd = _regular_fd(path + ".lock", os.O_RDWR | os.O_CREAT)
         if lock_fd is None:
             return
