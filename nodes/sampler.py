@@ -126,6 +126,10 @@ class SSDSampler(io.ComfyNode):
                 io.Float.Input("min_p", default=AUTO, min=AUTO, max=0.99, step=0.005, round=0.0001, optional=True,
                                tooltip="leave out tokens far less likely than the best one (0.01 = under 1% of its "
                                        "probability); 0 = off; -1 = the model's default"),
+                io.Boolean.Input("official_suffix", default=True, optional=True,
+                                 tooltip="Emu3 only: append ' masterpiece, film grained, best quality.' to the prompt, "
+                                         "as BAAI's own script does (an empty negative prompt is its official one); "
+                                         "off = your words alone. Other models have no such suffix: leave it on"),
             ],
             outputs=[
                 io.Image.Output("image", display_name="image", tooltip="the decoded images (a batch of batch_size)"),
@@ -142,15 +146,15 @@ class SSDSampler(io.ComfyNode):
     @classmethod
     def execute(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                 decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
-                negative_prompt="", batch_size=1, min_p=AUTO):
+                negative_prompt="", batch_size=1, min_p=AUTO, official_suffix=True):
         out = cls.sample(ssd_model, prompt, seed, cfg, temperature, top_k, top_p, decoder, draft_rows, verify_rounds,
-                         grid, negative_prompt, batch_size, min_p, unique_id=cls.hidden.unique_id)
+                         grid, negative_prompt, batch_size, min_p, official_suffix, unique_id=cls.hidden.unique_id)
         return io.NodeOutput(*out["result"], ui=out["ui"])
 
     @classmethod
     def sample(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
-               negative_prompt="", batch_size=1, min_p=AUTO, unique_id=None):
+               negative_prompt="", batch_size=1, min_p=AUTO, official_suffix=True, unique_id=None):
         model = _check(ssd_model, decoder, negative_prompt)
         kwargs = dict(
             # a class-conditional model takes a class name or index: the family resolves it (GridModel.build_prompt)
@@ -164,6 +168,7 @@ class SSDSampler(io.ComfyNode):
             min_p=_auto(min_p, float, "min_p"),
             params=DecoderParams(draft_rows=int(draft_rows), verify_rounds=int(verify_rounds)),
             grid=grids.parse(grid, getattr(model, "family", "")),
+            official_suffix=bool(official_suffix),
         )
         heads = ssd_model.heads if uses_heads(decoder) else None
         n = int(batch_size)

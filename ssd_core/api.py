@@ -86,6 +86,22 @@ def check_negative_prompt(model, negative_prompt) -> None:
         raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: leave it empty")
 
 
+def prompt_switches(model, official_suffix: bool | None = None) -> dict:
+    """build_prompt keywords of the family prompt switches given (None: not given, the family's default).
+    official_suffix: Emu3's official positive suffix (families/emu3.py); a family without a switch ignores it
+    left on and refuses it turned off, so that it is never silently ignored."""
+    if official_suffix is None:
+        return {}
+    if not isinstance(official_suffix, bool):
+        raise SSDError(f"official_suffix must be true or false, got {str(official_suffix)[:40]!r}")
+    if "official_suffix" in getattr(model, "prompt_switches", ()):
+        return {"official_suffix": official_suffix}
+    if official_suffix:
+        return {}
+    raise SSDError(f"this model ({getattr(model, 'family', '?')}) appends no official suffix to its prompts "
+                   "(only emu3 models do): leave official_suffix on")
+
+
 def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto", device="cpu",
                family: str | None = None, download: str | bool | None = None, quantization: str = "none",
                offload: str = "none", free_bytes: int | None = None, compile: str | bool = "off", **kwargs):
@@ -149,7 +165,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
                    cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
                    top_p: float | None = None, min_p: float | None = None, grid=None, on_step=None,
                    should_cancel=None, decode_pixels: bool = True, score: bool = True,
-                   **decoder_params) -> list[Result]:
+                   official_suffix: bool | None = None, **decoder_params) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
     The images are `prompts` x `seeds` paired in order; a single `prompt` is repeated and a missing `seeds`
@@ -157,6 +173,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     Decoder parameters: `params` (a DecoderParams) and / or by name (draft_rows=2, ...: decoders.PARAMS), the
     names over params. Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the
     sampler values are shared. on_step receives a Progress whose `image` is the index in the batch.
+    official_suffix False leaves Emu3's official positive suffix off its prompts (None / True: on; prompt_switches).
     """
     prompts, seeds = _images(prompts, seeds, prompt, seed, batch_size)
     grid = check_grid_value(grid)
@@ -168,10 +185,11 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
                 for s in seeds]
     policies = [make_policy(decoder, params) for _ in seeds]
     check_negative_prompt(model, negative_prompt)
+    switches = prompt_switches(model, official_suffix)
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)
-    prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid) for p in prompts]
+    prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid, **switches) for p in prompts]
     # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
     with mps_op_errors():
         with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)

@@ -29,6 +29,7 @@ class BenchOptions:
     seed: int = 0
     prompt: object = None  # one prompt for every image; None: the model's classes / training prompts in turn
     negative_prompt: str = ""
+    official_suffix: bool | None = None  # False: Emu3's prompts without its official positive suffix
     cfg: float | None = None
     temperature: float | None = None
     top_k: int | None = None
@@ -85,8 +86,9 @@ def _row_call(heads, o: BenchOptions, label: str, decoder: str, params: DecoderP
     drafter = heads if uses_heads(decoder) and not label.endswith(NO_HEADS) else None
     if needs_heads(decoder) and drafter is None:
         raise SSDError(f"bench of {label} needs heads: pass --heads FILE (or drop it from --decoders)")
-    return drafter, {"negative_prompt": o.negative_prompt, "decoder": decoder, "params": params, "cfg": o.cfg,
-                     "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p, "grid": o.grid}
+    return drafter, {"negative_prompt": o.negative_prompt, "official_suffix": o.official_suffix, "decoder": decoder,
+                     "params": params, "cfg": o.cfg, "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
+                     "min_p": o.min_p, "grid": o.grid}
 
 
 def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:

@@ -106,6 +106,12 @@ def _sampler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", default=None, help="token grid as HxW (default: the model's)")
 
 
+def _suffix_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-official-suffix", action="store_true",
+                   help="Emu3: leave out the official suffix ' masterpiece, film grained, best quality.' that BAAI's "
+                   "script appends to every prompt (on by default; other families have none)")
+
+
 def _load(args):
     from . import load_heads, load_model
     from .api import check_negative_prompt
@@ -129,7 +135,8 @@ def cmd_generate(args) -> int:
 
     model, heads = _load(args)
     prompt = args.prompt if args.prompt is not None else 0
-    result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt, decoder=args.decoder,
+    result = generate(model, heads, prompt=prompt, negative_prompt=args.negative_prompt,
+                      official_suffix=False if args.no_official_suffix else None, decoder=args.decoder,
                       seed=args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, min_p=args.min_p, params=args.params, grid=args.grid)
     tr = result.trace
@@ -172,7 +179,8 @@ def cmd_bench(args) -> int:
         decoders = args.decoders  # checked by validate()
     options = BenchOptions(
         decoders=decoders, images=args.images,
-        seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt, cfg=args.cfg,
+        seed=args.seed, prompt=args.prompt, negative_prompt=args.negative_prompt,
+        official_suffix=False if args.no_official_suffix else None, cfg=args.cfg,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         params=args.params, grid=args.grid, ssd_rounds=args.ssd_rounds,
         ssd_adaptive=args.ssd_adaptive,  # checked by validate(), as the lists below
@@ -202,6 +210,7 @@ def _generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
+    _suffix_flag(g)
     g.add_argument("--decoder", default="ssd-exact", choices=list(DECODERS),
                    help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not")
     g.add_argument("--out", default=None, help="PNG to write")
@@ -223,6 +232,7 @@ def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
     b.add_argument("--heads", default="auto")
+    _suffix_flag(b)
     b.add_argument("--decoders", default=None, help="comma list (default: every decoder the heads allow); "
                    "NAME:noheads runs a decoder without the loaded heads, NAME@N at N draft rows, e.g. "
                    "ssd-exact,ssd-exact@3,ssd-exact@3:noheads")

@@ -1,4 +1,6 @@
 """Emu3-Gen adapter on a tiny random-init Emu3ForConditionalGeneration (see tiny_families.py)."""
+import json
+
 import pytest
 import torch
 
@@ -46,18 +48,67 @@ def test_row_end_and_tail_tokens(model):
     torch.testing.assert_close(res.image, ((pix.clamp(-1, 1) + 1) / 2).permute(1, 2, 0))
 
 
+# baaivision/Emu3 image_generation.py, copied here (not imported from the pack): the prompt is the user's text +
+# POSITIVE_PROMPT; the unconditional row is NEGATIVE_PROMPT; each goes through Emu3Processor (mode 'G'), which
+# writes bos_token + text + boi_token + f"{h}*{w}" + img_token (emu3/mllm/processing_emu3.py, Emu3Processor.__call__;
+# transformers' Emu3Processor with return_for_image_generation writes the same)
+OFFICIAL_POSITIVE = " masterpiece, film grained, best quality."
+OFFICIAL_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                     "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
+                     "blurry.")
+
+
+def official_ids(tok, text, grid):
+    h, w = grid  # boi_token and img_token as emu3/mllm/tokenization_emu3.py names them
+    return tok(tok.bos_token + text + "<|image start|>" + f"{h}*{w}" + "<|image token|>",
+               add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("text", [PROMPT, "a shiba inu\n", "  spaces around  "])
+def test_prompt_ids_are_the_official_scripts(model, text):
+    tok = model.tokenizer
+    p = model.build_prompt(text, "", True, GRID)  # the node's empty negative prompt: BAAI's NEGATIVE_PROMPT
+    assert p.ids[0][p.mask[0]].tolist() == official_ids(tok, text + OFFICIAL_POSITIVE, GRID)
+    assert p.ids[1][p.mask[1]].tolist() == official_ids(tok, OFFICIAL_NEGATIVE, GRID)
+    assert DEFAULT_NEGATIVE == OFFICIAL_NEGATIVE
+    # the switch off: the user's words alone, as given (Emu3's processor does not strip)
+    off = model.build_prompt(text, "", True, GRID, official_suffix=False)
+    assert off.ids[0][off.mask[0]].tolist() == official_ids(tok, text, GRID)
+
+
 def test_prompt_and_negative_in_one_batch(model):
     p = model.build_prompt(PROMPT, "blurry", True, GRID)
     tok = model.tokenizer
     assert p.ids.shape[0] == 2
     cond = p.ids[0][p.mask[0]].tolist()
     neg = p.ids[1][p.mask[1]].tolist()
-    assert tok.decode(cond) == f"<|extra_203|>{PROMPT}<|image start|>3*4<|image token|>"
+    assert tok.decode(cond) == f"<|extra_203|>{PROMPT}{OFFICIAL_POSITIVE}<|image start|>3*4<|image token|>"
     assert tok.decode(neg) == "<|extra_203|>blurry<|image start|>3*4<|image token|>"
     # left padding: the shorter row is padded at the front
     assert bool(p.mask[0, -1]) and bool(p.mask[1, -1]) and not bool(p.mask[1, 0])
     default = model.build_prompt(PROMPT, None, True, GRID)
     assert tok.decode(default.ids[1][default.mask[1]].tolist()).startswith("<|extra_203|>" + DEFAULT_NEGATIVE)
+
+
+def test_suffix_switch_through_generate_and_cli(model, folder, tmp_path):
+    # the tiny model's tokens hardly depend on the prompt: its scores (log-probs of the tokens) do
+    on = ssd_core.generate(model, None, prompt=PROMPT, decoder="ar", seed=2, grid=GRID, decode_pixels=False)
+    off = ssd_core.generate(model, None, prompt=PROMPT, decoder="ar", seed=2, grid=GRID, decode_pixels=False,
+                            official_suffix=False)
+    same = ssd_core.generate(model, None, prompt=PROMPT + OFFICIAL_POSITIVE, decoder="ar", seed=2, grid=GRID,
+                             decode_pixels=False, official_suffix=False)
+    assert torch.equal(on.tokens, same.tokens) and on.trace.nll == same.trace.nll and on.trace.nll != off.trace.nll
+    with pytest.raises(ssd_core.SSDError, match="true or false"):
+        ssd_core.generate(model, None, prompt=PROMPT, decoder="ar", grid=GRID, official_suffix="no")
+    # the CLI: on by default, --no-official-suffix turns it off (the same tokens as the API's)
+    from ssd_core import cli
+
+    for flags, want in (([], on), (["--no-official-suffix"], off)):
+        trace = tmp_path / f"t{len(flags)}.json"
+        assert cli.main(["generate", "--model", str(folder), "--heads", "none", "--decoder", "ar", "--grid", "3x4",
+                         "--seed", "2", "--prompt", PROMPT, "--trace", str(trace), *flags]) == 0
+        written = json.loads(trace.read_text())
+        assert written["tokens"] == want.tokens.tolist() and written["nll"] == pytest.approx(want.trace.nll, abs=1e-9)
 
 
 def test_resolution_selectable(model):
@@ -118,3 +169,11 @@ def test_random_init_of_released_shapes():
     assert p.ids[0].tolist() == [m.bos_id, 5, 6] + prefix
     assert p.ids[1][p.mask[1]].tolist() == [m.bos_id] + prefix == \
         m.build_prompt([5, 6], "", True, GRID).ids[1][-6:].tolist()  # an empty negative needs no tokenizer
+
+
+def test_suffix_switch_off_is_refused_where_there_is_no_suffix():
+    ref = ssd_core.load_model("reference")
+    with pytest.raises(ssd_core.SSDError, match="only emu3 models do"):
+        ssd_core.generate(ref, None, prompt=1, decoder="ar", official_suffix=False, decode_pixels=False)
+    assert ssd_core.generate(ref, None, prompt=1, decoder="ar", grid=(2, 2), official_suffix=True,
+                             decode_pixels=False, score=False).tokens.shape == (2, 2)

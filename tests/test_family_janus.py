@@ -36,6 +36,28 @@ def test_prompt_format_and_unconditional_stream(model):
         model.build_prompt(PROMPT, "blurry", True, (4, 4))
 
 
+def official_janus_prompt(text: str) -> str:
+    """deepseek-ai/Janus generation_inference.py, re-created here (not the pack's builder): the conversation
+    [User: text, Assistant: ""] through apply_sft_template_for_multi_turn_prompts (processing_vlm.py: each
+    message .strip()ped, the whole prompt .strip()ped) with the "deepseek" template (conversation.py,
+    SeparatorStyle.DeepSeek: sep "\n\n", an empty message writes the bare role and colon, system prompt ""),
+    then image_start_tag; the ids are tokenizer.encode(prompt), BOS first."""
+    seps, out = ["\n\n", "<｜end▁of▁sentence｜>"], ""
+    for i, (role, message) in enumerate([("<|User|>", text.strip()), ("<|Assistant|>", "")]):
+        out += f"{role}: {message}{seps[i % 2]}" if message else f"{role}:"
+    return out.strip() + "<begin_of_image>"
+
+
+@pytest.mark.parametrize("text", [PROMPT, "a red cat\n", "\t two spaces  \n\n", "   "])
+def test_prompt_ids_are_the_official_codes(model, text):
+    tok = model.tokenizer
+    p = model.build_prompt(text, "", True, (4, 4))
+    want = [tok.bos_token_id] + tok(official_janus_prompt(text), add_special_tokens=False)["input_ids"]
+    assert p.ids[0].tolist() == want
+    # the unconditional stream: every id but BOS and the image start set to pad (generation_inference.py)
+    assert p.ids[1].tolist() == [want[0]] + [tok.pad_token_id] * (len(want) - 2) + [want[-1]]
+
+
 def test_no_forced_tokens_and_image_embeddings(model):
     layout = model.layout()
     assert layout.row_stride == 4 and bool((layout.forced < 0).all()) and layout.num_slots == 16

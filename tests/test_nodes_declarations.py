@@ -68,7 +68,7 @@ def test_node_mappings_and_inputs():
     assert list(req) == ["ssd_model", "prompt", "seed", "cfg", "temperature", "top_k", "top_p",
                          "decoder", "draft_rows", "verify_rounds", "grid"]
     opt = info["input"]["optional"]
-    assert list(opt) == ["negative_prompt", "batch_size", "min_p"]  # new widgets go last: saved workflows keep theirs
+    assert list(opt) == ["negative_prompt", "batch_size", "min_p", "official_suffix"]  # new widgets go last: saved workflows keep theirs
     assert opt["min_p"][1]["default"] == -1 and opt["min_p"][1]["max"] < 1  # -1 = the model's; the engine refuses 1
     assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"]
     assert req["decoder"][1]["default"] == "ssd-exact"

@@ -2,7 +2,11 @@
 
 - features: `model.model.text_model`, pre-norm features from its final norm;
 - image logits: `lm_head` restricted to the visual tokens, ordered by code (`vocabulary_mapping.img2bpe`);
-- prompt: BOS + prompt + `<|image start|>{H}*{W}<|image token|>`, as Emu3's processor writes it;
+- prompt: BOS + prompt + POSITIVE_SUFFIX + `<|image start|>{H}*{W}<|image token|>`, as BAAI's image_generation.py
+  writes it (its POSITIVE_PROMPT appended, then Emu3Processor's generation prefix); `official_suffix=False` leaves
+  the suffix out. The negative prompt (the unconditional row) carries the same image prefix; an empty one is BAAI's
+  NEGATIVE_PROMPT. Prompts are not stripped: Emu3's processor (processing_emu3.py, Emu3Processor.__call__) writes
+  the text as given;
 - layout: H rows of (W visual tokens + the forced end-of-line `<|extra_200|>`), row stride W + 1, then the forced
   tail `<|extra_201|>`, `<|image end|>`, EOS;
 - CFG: the negative prompt (with the same image prefix) is the second row of ONE batch, left-padded; not
@@ -24,7 +28,9 @@ from .text import PROMPT_ALLOWANCE, TextGridModel
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
 IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"
-# Emu3-Gen's own negative prompt (its README / demo); used when the caller passes None
+# baaivision/Emu3 image_generation.py: POSITIVE_PROMPT, appended to every user prompt, and NEGATIVE_PROMPT, the
+# unconditional row's text (the same two in BAAI/Emu3-Gen's model card and the Emu3-Gen-hf example)
+POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                     "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
                     "username, blurry.")
@@ -52,6 +58,7 @@ class Emu3Model(TextGridModel):
     name = "Emu3"
     negative_prompts = True
     load_options = ("grid",)
+    prompt_switches = ("official_suffix",)  # build_prompt switches generate() passes on (api.prompt_switches)
     pixels_per_token = 8
 
     @classmethod
@@ -133,18 +140,22 @@ class Emu3Model(TextGridModel):
         except KeyError as err:
             raise SSDError(f"the Emu3 model has no tokenizer and its vocabulary map lacks {err}") from None
 
-    def text_ids(self, text, grid) -> list[int]:
+    def text_ids(self, text, grid, suffix: str = "") -> list[int]:
+        """BOS + text (+ suffix) + the image prefix. Token ids stand for text already formatted: no suffix."""
         given = [] if text == "" and self.tokenizer is None else common.token_id_list(text)
         if given is not None:
             return [self.bos_id] + given + self.prefix_ids(grid)
-        return [self.bos_id] + self.token_ids(self.check_text(text) + self.image_prefix(grid))
+        return [self.bos_id] + self.token_ids(self.check_text(text) + suffix + self.image_prefix(grid))
 
-    def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
+    def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None,
+                     official_suffix: bool = True) -> Prompt:
+        """The prompt row (+ POSITIVE_SUFFIX unless official_suffix is False) and, with cfg, the negative row; a
+        negative of None or "" is BAAI's NEGATIVE_PROMPT (without a tokenizer "" stays empty: ids only)."""
         grid = self.check_grid(grid)
-        rows = [self.text_ids(prompt, grid)]
+        rows = [self.text_ids(prompt, grid, POSITIVE_SUFFIX if official_suffix else "")]
         if cfg:
-            neg = DEFAULT_NEGATIVE if negative_prompt is None else negative_prompt
-            rows.append(self.text_ids(neg, grid))
+            official = negative_prompt is None or (negative_prompt == "" and self.tokenizer is not None)
+            rows.append(self.text_ids(DEFAULT_NEGATIVE if official else negative_prompt, grid))
         ids, mask = common.left_pad(rows, self.pad_id)
         return Prompt(ids, mask)
 

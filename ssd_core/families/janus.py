@@ -5,7 +5,8 @@
 - image-token inputs: `prepare_embeddings_for_image_generation` (generation embeddings + aligner). In the
   sequence an image code c is written as id `text_vocab + c`, so one id tensor carries both kinds;
 - prompt: the reference implementation's chat format, `<|User|>: {prompt}\\n\\n<|Assistant|>:` + image start,
-  after BOS; CFG's unconditional stream is the same ids with every token but BOS / image start set to pad;
+  after BOS, the prompt stripped of surrounding whitespace as DeepSeek's code does; CFG's unconditional stream is
+  the same ids with every token but BOS / image start set to pad;
 - grid: image_size / patch_size per side (24x24 for Janus-Pro), no row-end tokens;
 - pixels: `decode_image_tokens`.
 """
@@ -90,9 +91,16 @@ class JanusModel(TextGridModel):
 
     # ---- prompts ---------------------------------------------------------------------------------------------
     def prompt_text(self, prompt: str) -> str:
-        """The Janus-Pro reference chat format (DeepSeek template, empty system prompt) + image start."""
+        """The Janus-Pro reference chat format + image start, as deepseek-ai/Janus writes it for generation
+        (generation_inference.py: apply_sft_template_for_multi_turn_prompts with the "deepseek" template, system
+        prompt "", then image_start_tag). That function strips each message (janus/models/processing_vlm.py:
+        `message["content"].strip()`, Python's str.strip) and the template (janus/utils/conversation.py,
+        Conversation.get_prompt, SeparatorStyle.DeepSeek) writes an empty message as the bare role and colon;
+        its final `.strip()` of the whole prompt changes nothing here (it starts with <|User|>, ends with ':')."""
         start = getattr(self.tokenizer, "boi_token", None) or IMAGE_START
-        return f"{USER}: {prompt}\n\n{ASSISTANT}:{start}"
+        text = prompt.strip()
+        user = f"{USER}: {text}\n\n" if text else f"{USER}:"
+        return f"{user}{ASSISTANT}:{start}"
 
     def prompt_ids(self, prompt) -> list[int]:
         """Text -> [BOS] + the chat-formatted prompt ending in the image start. Token ids (already formatted
