@@ -6,6 +6,7 @@ import torch
 
 import ssd_core
 from ssd_core.families.emu3 import DEFAULT_NEGATIVE, Emu3Model
+from official_prompts import OFFICIAL_NEGATIVE, OFFICIAL_POSITIVE, official_ids  # BAAI's rules, re-created
 from tiny_families import build_emu3, check_cfg_matches_unbatched, check_every_decoder, sequence_ids
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -46,22 +47,6 @@ def test_row_end_and_tail_tokens(model):
     assert seq[layout.slot_of_cell].tolist() == model.code_to_id(res.tokens.flatten()).tolist()
     pix = model.model.decode_image_tokens(image_tokens=seq[None], height=H, width=W)[0]
     torch.testing.assert_close(res.image, ((pix.clamp(-1, 1) + 1) / 2).permute(1, 2, 0))
-
-
-# baaivision/Emu3 image_generation.py, copied here (not imported from the pack): the prompt is the user's text +
-# POSITIVE_PROMPT; the unconditional row is NEGATIVE_PROMPT; each goes through Emu3Processor (mode 'G'), which
-# writes bos_token + text + boi_token + f"{h}*{w}" + img_token (emu3/mllm/processing_emu3.py, Emu3Processor.__call__;
-# transformers' Emu3Processor with return_for_image_generation writes the same)
-OFFICIAL_POSITIVE = " masterpiece, film grained, best quality."
-OFFICIAL_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
-                     "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
-                     "blurry.")
-
-
-def official_ids(tok, text, grid):
-    h, w = grid  # boi_token and img_token as emu3/mllm/tokenization_emu3.py names them
-    return tok(tok.bos_token + text + "<|image start|>" + f"{h}*{w}" + "<|image token|>",
-               add_special_tokens=False)["input_ids"]
 
 
 @pytest.mark.parametrize("text", [PROMPT, "a shiba inu\n", "  spaces around  "])

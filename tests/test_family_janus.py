@@ -4,6 +4,7 @@ import torch
 
 import ssd_core
 from ssd_core.families.janus import JanusModel
+from official_prompts import official_janus_prompt  # deepseek-ai/Janus' rule, re-created
 from tiny_families import build_janus, check_cfg_matches_unbatched, check_every_decoder
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -34,18 +35,6 @@ def test_prompt_format_and_unconditional_stream(model):
     assert model.build_prompt(PROMPT, "", False, (4, 4)).ids.shape[0] == 1
     with pytest.raises(ssd_core.SSDError, match="negative"):
         model.build_prompt(PROMPT, "blurry", True, (4, 4))
-
-
-def official_janus_prompt(text: str) -> str:
-    """deepseek-ai/Janus generation_inference.py, re-created here (not the pack's builder): the conversation
-    [User: text, Assistant: ""] through apply_sft_template_for_multi_turn_prompts (processing_vlm.py: each
-    message .strip()ped, the whole prompt .strip()ped) with the "deepseek" template (conversation.py,
-    SeparatorStyle.DeepSeek: sep "\n\n", an empty message writes the bare role and colon, system prompt ""),
-    then image_start_tag; the ids are tokenizer.encode(prompt), BOS first."""
-    seps, out = ["\n\n", "<｜end▁of▁sentence｜>"], ""
-    for i, (role, message) in enumerate([("<|User|>", text.strip()), ("<|Assistant|>", "")]):
-        out += f"{role}: {message}{seps[i % 2]}" if message else f"{role}:"
-    return out.strip() + "<begin_of_image>"
 
 
 @pytest.mark.parametrize("text", [PROMPT, "a red cat\n", "\t two spaces  \n\n", "   "])

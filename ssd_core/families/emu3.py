@@ -93,6 +93,8 @@ class Emu3Model(TextGridModel):
         self.max_positions = int(getattr(tc, "max_position_embeddings", 9216))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else self.largest_square(UPSTREAM_SIDE)
         self.pixel_norm = common.pixel_normalization(folder)
+        # baaivision/Emu3 image_generation.py: classifier_free_guidance = 3.0, GenerationConfig(do_sample=True,
+        # top_k=2048) (temperature and top_p left at 1), image_area = config.image_area = 720 * 720 (UPSTREAM_SIDE)
         self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ class JanusModel(TextGridModel):
                                    cfg.text_config.bos_token_id)
         self.pad_id = common.first_id(getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
                                    cfg.text_config.pad_token_id)
-        boi = gkw.get("boi_token_id")
+        # where transformers' Janus generate reads it (generation_kwargs), else where its converter
+        # (convert_janus_weights_to_hf.py) sets it (generation_config.boi_token_id), else the tokenizer's boi_token
+        boi = gkw.get("boi_token_id", getattr(gen, "boi_token_id", None))
         if boi is None and tokenizer is not None:
             boi = common.token_id(None, tokenizer, getattr(tokenizer, "boi_token", None) or IMAGE_START, None)
         if self.bos_id is None or self.pad_id is None or boi is None:
@@ -61,6 +63,8 @@ class JanusModel(TextGridModel):
                            "(generation_config.json: bos_token_id, pad_token_id, generation_kwargs.boi_token_id)")
         self.boi_id = int(boi)
         self.pixel_norm = common.pixel_normalization(folder)
+        # deepseek-ai/Janus generation_inference.py `generate` (and the README's copy): cfg_weight=5, temperature=1,
+        # softmax over every code (no top-k / top-p), img_size 384 = the 24x24 grid above
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
     # ---- the contract ----------------------------------------------------------------------------------------
