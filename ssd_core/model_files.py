@@ -5,8 +5,10 @@ and size, safetensors of float tensors (pickles are never opened). Downloads liv
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -212,25 +214,98 @@ def check_weights(folder, config: dict | None = None) -> list[Path]:
     return files
 
 
-def from_pretrained(cls, folder, **kwargs):
+# tensors a released checkpoint may hold that its transformers class does not use, each with the model and the
+# reason; every other unused tensor is refused. Empty: transformers' Janus and Emu3 converters load their state
+# dicts with strict=True before save_pretrained (convert_janus_weights_to_hf.py, convert_emu3_weights_to_hf.py),
+# Lumina-mGPT's saver writes the model's own state_dict (xllmx/util/ckpt.py save), and the bundled models are
+# written by save_pretrained.
+UNUSED_TENSORS: tuple[str, ...] = ()
+LAYER_KEY = re.compile(r"^(.*?layers\.)(\d+)\.")  # "<prefix>layers.<i>." of a decoder stack's tensor names
+
+
+def _listed(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def _layer_counts(model, keys, missing: bool = False) -> tuple[str, int, int] | None:
+    """(prefix, layers the weights hold, layers the model has) when `keys` are the tensors of whole layers the
+    model lacks (unused tensors), or (`missing`) of the model's last layers that the weights lack."""
+    found = [(m.group(1), int(m.group(2))) for m in map(LAYER_KEY.match, keys) if m]
+    if not found or (missing and len(found) != len(keys)) or len({p for p, _ in found}) != 1:
+        return None
+    prefix = found[0][0]
+    stack = dict(model.named_modules()).get(prefix[:-1])
+    if not isinstance(stack, torch.nn.ModuleList):
+        return None
+    indices = {i for _, i in found}
+    if missing:  # the missing ones are exactly the last layers, each wholly
+        held = min(indices)
+        whole = sum(1 for k, _ in model.named_parameters() if k.startswith(prefix) and
+                    int(k[len(prefix):].split(".", 1)[0]) >= held)
+        return (prefix, held, len(stack)) if indices == set(range(held, len(stack))) and whole <= len(keys) \
+            else None
+    held = max(indices) + 1
+    return (prefix, held, len(stack)) if held > len(stack) else None
+
+
+def _layers_line(folder, layers) -> str:
+    prefix, held, declared = layers
+    return (f"the weights in {folder} hold {held} layers ({prefix}0-{held - 1}), config.json declares {declared}: "
+            "fix num_hidden_layers in config.json (it must match the weights)")
+
+
+def check_loaded(model, folder, info: dict, optional: tuple[str, ...] = ()) -> None:
+    """Every tensor the model has came from the weights (names starting with one of `optional` excepted), and
+    every tensor of the weights is used (UNUSED_TENSORS excepted): else one SSDError line naming them, or saying
+    that config.json declares another number of layers than the weights hold."""
+    missing = [k for k in info.get("missing_keys") or () if not k.startswith(tuple(optional))]
+    unused = [k for k in info.get("unexpected_keys") or () if k not in UNUSED_TENSORS]
+    for keys, lacking in ((unused, False), (missing, True)):
+        layers = _layer_counts(model, keys, lacking) if keys else None
+        if layers is not None:
+            raise SSDError(_layers_line(folder, layers))
+    if missing:
+        raise SSDError(f"the weights in {folder} lack {_listed(missing)}: the model would run with random values "
+                       "there; re-download the model, or re-save it with save_pretrained")
+    if unused:
+        raise SSDError(f"the weights in {folder} hold tensors the model does not use: {_listed(unused)}; config.json "
+                       "does not describe these weights (another model or version): use the config.json that came "
+                       "with them, or re-download the model")
+
+
+@contextlib.contextmanager
+def _quiet_load_report(quiet: bool):
+    """transformers' warnings muted while it loads (`quiet`): its report would list every optional tensor as
+    missing, and check_loaded refuses what matters in one line."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def from_pretrained(cls, folder, optional: tuple[str, ...] = (), **kwargs):
     """`cls.from_pretrained(folder)` on a checked folder: every file it reads lies inside the folder, the weights
-    are safetensors (pickles are never opened) of float tensors, and every tensor the model has is in them."""
+    are safetensors (pickles are never opened) of float tensors, every tensor the model has is in them (those
+    under the `optional` name prefixes excepted) and every tensor in them is used (check_loaded)."""
     folder = Path(folder)
     check_links(folder)
     check_weights(folder, read_config(folder))
     try:
-        model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True, **kwargs)
+        with _quiet_load_report(bool(optional)):
+            model, info = cls.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True, **kwargs)
     except (MemoryError, torch.OutOfMemoryError, SSDError):
         raise
     except Exception as err:  # noqa: BLE001 -- transformers / safetensors raise many types for a bad folder
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {first[:300]}); check "
                        "config.json and re-download or re-save the weights (model.safetensors)") from None
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise SSDError(f"the weights in {folder} lack {', '.join(missing[:3])}{more}: the model would run with "
-                       "random values there; re-download the model, or re-save it with save_pretrained")
+    check_loaded(model, folder, info, optional)
     return model
 
 

@@ -77,11 +77,11 @@ def test_vqgan_pixels_and_missing_vqgan(model, folder, tmp_path):
     assert torch.equal(img, ref) and img.shape == (8, 8, 3)
     bare = build_lumina(tmp_path / "bare", with_vqgan=False)
     m = ssd_core.load_model(bare, dtype="fp32")
-    with pytest.warns(UserWarning, match="convert_vqgan"):
+    with pytest.warns(UserWarning, match="convert-vqgan"):
         assert m.decode(codes) is None
     m2 = LuminaModel.load(bare, "fp32", "cpu", vqgan=str(folder / "vqgan.safetensors"))
     assert torch.equal(m2.decode(codes), img)
-    with pytest.raises(ssd_core.SSDError, match="convert_vqgan"):
+    with pytest.raises(ssd_core.SSDError, match="convert-vqgan"):
         LuminaModel.load(bare, "fp32", "cpu", vqgan=str(tmp_path / "nope.safetensors"))
 
 

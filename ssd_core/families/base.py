@@ -107,6 +107,9 @@ class GridModel:
     model_types: tuple[str, ...] = ()  # config.json model_type values of this family (empty: any causal LM)
     architectures: tuple[str, ...] = ()  # config.json architectures that name this family
     extra_files: str = ""  # what a folder needs besides the repo's files
+    # tensor name prefixes the released weights may lack (the model's own values stay there, never used);
+    # every other missing tensor is refused at load (model_files.check_loaded)
+    optional_weights: tuple[str, ...] = ()
     text_prompts: bool = False
     negative_prompts: bool = False  # the unconditional stream can be a negative prompt
     # ---- what the nodes list before any model is loaded (the sampler's grid list) -----------------

@@ -13,11 +13,17 @@
   on (image start + the two size tokens), left-padded into one batch with the conditional row;
 - pixels: Meta's Chameleon VQGAN (`ssd_core.pixel_decoders.chameleon_vqgan`), read from `vqgan.safetensors` in
   the model folder or a given path (convert the released `vqgan.ckpt` with
-  `python -m ssd_core.pixel_decoders.convert_vqgan`).
+  `python -m ssd_core convert-vqgan vqgan.ckpt <folder>/vqgan.safetensors`);
+- the released folders (Alpha-VLLM/Lumina-mGPT-7B-512 / -768 / -1024) load as they are: Lumina-mGPT's fork of
+  Chameleon wrote them, with each layer's q/k norm weight and bias as [model_parallel_size, head_dim] (applied
+  to every head, ForkHeadNorm) and no `model.vqmodel.*` (its finetune solver deletes the VQ encoder, which the
+  pack never uses). The resolution a folder was trained for is in its name (`-512` / `-768` / `-1024`), not in
+  its config.json.
 """
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -34,7 +40,78 @@ IMAGE_START, IMAGE_END, ROW_END, TURN_END = "<racm3:break>", "<eoss>", "<reserve
 # Lumina-mGPT's ids in Chameleon's vocabulary (used when a name is missing from a model's vocabulary)
 IDS = {IMAGE_START: 8197, IMAGE_END: 8196, ROW_END: 8803, TURN_END: 8710}
 SIZE_BASE = 8800  # size token name: <reserved{8800 + px/32:05d}>, id 8804 + px/32
-UPSTREAM_SIDE = 48  # 768 px
+UPSTREAM_SIDE = 48  # 768 px: Alpha-VLLM/Lumina-mGPT-7B-768, the README's model
+RELEASED_SIDE = re.compile(r"-(512|768|1024)(?:-|$)")  # a released folder's name: Lumina-mGPT-7B-768(-Omni)
+VQGAN_FIX = ("convert Meta's Chameleon tokenizer/vqgan.ckpt with `python -m ssd_core convert-vqgan vqgan.ckpt "
+             "<model folder>/vqgan.safetensors`")
+TOKENIZER_REPO = "Alpha-VLLM/Lumina-mGPT-7B-768"  # where Lumina-mGPT's item processor takes its tokenizer from
+
+
+def upstream_side(folder) -> int:
+    """The grid side a folder's model was trained for: its name's resolution (the released repos' names end in
+    -512 / -768 / -1024, px / 16 tokens a side), else 768 px."""
+    found = RELEASED_SIDE.search(Path(folder).name) if folder is not None else None
+    return int(found.group(1)) // 16 if found else UPSTREAM_SIDE
+
+
+class ForkHeadNorm(torch.nn.Module):
+    """Lumina-mGPT's q/k norm as its fork writes it (lumina_mgpt/model/chameleon/modeling_chameleon.py,
+    ChameleonLayerNorm): weight and bias [model_parallel_size, head_dim], each row serving its shard's heads
+    (repeat_interleave), statistics over head_dim alone, eps 1e-5."""
+
+    def __init__(self, rows: int, head_dim: int, heads: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(rows, head_dim))  # [model_parallel_size, head_dim]
+        self.bias = torch.nn.Parameter(torch.zeros(rows, head_dim))
+        self.heads_per_row = heads // rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, heads, head_dim]
+        x = torch.nn.functional.layer_norm(x, (x.shape[-1],), None, None, eps=1e-5)
+        return x * self.weight.repeat_interleave(self.heads_per_row, 0) + \
+            self.bias.repeat_interleave(self.heads_per_row, 0)
+
+
+def norm_rows(folder, config: dict) -> int | None:
+    """model_parallel_size when the folder's weights hold the fork's q/k norms ([model_parallel_size, head_dim]
+    rather than transformers' [heads, head_dim]), else None (read from the safetensors headers only)."""
+    from safetensors import safe_open
+
+    key = "model.layers.0.self_attn.q_norm.weight"
+    rows, heads = config.get("model_parallel_size", 1), config.get("num_attention_heads")
+    if rows is None:
+        rows = 1
+    if not isinstance(rows, int) or isinstance(rows, bool) or not isinstance(heads, int) or rows < 1 or heads % rows:
+        raise SSDError(f"{Path(folder) / 'config.json'}: model_parallel_size is {rows!r}; it must be a whole number "
+                       f"that divides num_attention_heads ({heads!r}), 1 in the released Lumina-mGPT models: fix "
+                       "config.json, or re-download the model")
+    for path in model_files.check_weights(folder, config):  # readable headers, or one clear line
+        with safe_open(str(path), framework="pt") as f:
+            if key in f.keys():
+                shape = f.get_slice(key).get_shape()
+                return rows if len(shape) == 2 and shape[0] == rows != heads else None
+    return None
+
+
+_RELEASED_CLASSES: dict = {}
+
+
+def released_class(rows: int):
+    """ChameleonForConditionalGeneration whose q/k norms are ForkHeadNorm of `rows` rows: it reads the released
+    weights as they are (nothing converted, no copy) and computes what Lumina-mGPT's fork computes."""
+    if rows not in _RELEASED_CLASSES:
+        from transformers import ChameleonForConditionalGeneration
+
+        class LuminaReleasedChameleon(ChameleonForConditionalGeneration):
+            def __init__(self, config):
+                super().__init__(config)
+                heads, kv = config.num_attention_heads, config.num_key_value_heads
+                head_dim = config.hidden_size // heads
+                for layer in self.model.layers:
+                    layer.self_attn.q_norm = ForkHeadNorm(rows, head_dim, heads)
+                    layer.self_attn.k_norm = ForkHeadNorm(rows, head_dim, kv)
+
+        _RELEASED_CLASSES[rows] = LuminaReleasedChameleon
+    return _RELEASED_CLASSES[rows]
 
 
 def size_token_name(cells: int) -> str:
@@ -63,7 +140,10 @@ class LuminaModel(TextGridModel):
     architectures = ("ChameleonForConditionalGeneration",
                      "ChameleonXLLMXForConditionalGeneration")  # the second: Lumina-mGPT's released config.json
     extra_files = ("vqgan.safetensors (Meta's Chameleon tokenizer/vqgan.ckpt converted with "
-                   "`python -m ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <folder>/vqgan.safetensors`)")
+                   "`python -m ssd_core convert-vqgan vqgan.ckpt <folder>/vqgan.safetensors`)")
+    # Lumina-mGPT's finetune solver deletes the VQ encoder before saving (lumina_mgpt/finetune_solver.py,
+    # _model_func: `del model.model.vqmodel`); pixels come from vqgan.safetensors
+    optional_weights = ("model.vqmodel.",)
     transformers_class = "ChameleonForConditionalGeneration"
     name = "Lumina-mGPT"
     negative_prompts = False  # the unconditional stream is the image start and size tokens alone
@@ -98,8 +178,14 @@ class LuminaModel(TextGridModel):
         self.pad_id = common.first_id(getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, 1)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
         self.default_grid = (int(grid[0]), int(grid[1])) if grid is not None else \
-            self.largest_square(UPSTREAM_SIDE, step=2, smallest=2)  # even sides: size tokens count 2 cells
-        self.defaults = {"cfg": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0, "min_p": 0.0}
+            self.largest_square(upstream_side(folder), step=2, smallest=2)  # even sides: size tokens count 2 cells
+        self.defaults = {
+            "cfg": 4.0,  # README.md, image generation: create_logits_processor(cfg=4.0, image_top_k=2000)
+            "temperature": 1.0,  # README.md: inference_solver.generate(..., temperature=1.0)
+            "top_k": 2000,  # README.md image_top_k=2000 (inference_solver.py create_logits_processor's default too)
+            "top_p": 1.0,  # inference_solver.py generate: GenerationConfig sets no top_p (transformers' 1.0)
+            "min_p": 0.0,  # nor a min_p
+        }
         self._vqgan_path = find_vqgan(str(folder) if folder else None, vqgan if isinstance(vqgan, str) else None)
         if self._vqgan_path is not None and not isinstance(vqgan, str):  # found in the folder: it must lie inside
             self._vqgan_path = str(model_files.inside(folder, os.path.relpath(self._vqgan_path, folder), "the VQGAN file"))
@@ -108,12 +194,20 @@ class LuminaModel(TextGridModel):
     # ---- loading --------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, folder, dtype=None, device="cpu", download=None, vqgan=None, **kwargs):
-        """`vqgan`: a VQGANDecoder or the path of its safetensors file (default: vqgan.safetensors in the folder)."""
+        """`vqgan`: a VQGANDecoder or the path of its safetensors file (default: vqgan.safetensors in the folder).
+        A released folder (the fork's q/k norms) loads through released_class, a transformers one as it is."""
         if vqgan is not None and not isinstance(vqgan, VQGANDecoder) and not Path(vqgan).is_file():
-            raise SSDError(f"VQGAN file {vqgan} does not exist; convert Meta's vqgan.ckpt with `python -m "
-                           "ssd_core.pixel_decoders.convert_vqgan vqgan.ckpt <model folder>/vqgan.safetensors`")
-        return super().load(folder, dtype, device, download, vqgan=str(vqgan) if isinstance(vqgan, Path) else vqgan,
-                            **kwargs)
+            raise SSDError(f"VQGAN file {vqgan} does not exist; {VQGAN_FIX}")
+        import transformers
+
+        options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
+        folder = cls.ensure_folder(folder, download)
+        rows = norm_rows(folder, model_files.read_config(folder))
+        model_cls = released_class(rows) if rows is not None else transformers.ChameleonForConditionalGeneration
+        model = model_files.load_pretrained(model_cls, folder, dtype, device, optional=cls.optional_weights,
+                                            **kwargs)
+        options["vqgan"] = str(vqgan) if isinstance(vqgan, Path) else vqgan
+        return cls(model, model_files.load_tokenizer(folder), Path(folder), **options)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):
@@ -164,6 +258,13 @@ class LuminaModel(TextGridModel):
     def image_prefix_ids(self, grid) -> list[int]:
         return [self.start_id] + self.size_ids(grid)
 
+    def check_text(self, prompt) -> str:
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise SSDError(f"the Lumina-mGPT model folder {self.folder} has no tokenizer: copy the tokenizer files of "
+                           f"{TOKENIZER_REPO} (tokenizer.json, tokenizer_config.json, special_tokens_map.json) into "
+                           "it; Lumina-mGPT's own code reads its tokenizer from there for every model")
+        return super().check_text(prompt)
+
     def prompt_text(self, prompt: str, grid) -> str:
         H, W = grid
         return f"Generate an image of {W * 16}x{H * 16} according to the following prompt:\n{prompt}"
@@ -203,16 +304,14 @@ class LuminaModel(TextGridModel):
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 first = first.replace(f"{self._vqgan_path}: ", "").replace(repr(self._vqgan_path), "it")
                 raise SSDError(f"the VQGAN file {self._vqgan_path} is not a usable converted Chameleon VQGAN "
-                               f"({first[:300]}); convert Meta's vqgan.ckpt again with `python -m ssd_core "
-                               "convert-vqgan vqgan.ckpt <model folder>/vqgan.safetensors`") from None
+                               f"({first[:300]}); {VQGAN_FIX} again") from None
         return self._vqgan
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | None:
         vq = self.vqgan()
         if vq is None:
-            warnings.warn(f"no VQGAN for Lumina-mGPT in {self.folder}: put vqgan.safetensors there (convert Meta's "
-                          "vqgan.ckpt with `python -m ssd_core.pixel_decoders.convert_vqgan`) to get pixels",
-                          stacklevel=2)
+            warnings.warn(f"no vqgan.safetensors in the Lumina-mGPT model folder {self.folder}, so no pixels: "
+                          f"{VQGAN_FIX}", stacklevel=2)
             return None
         dev = next(vq.parameters()).device
         return vq.decode_to_image(tokens[None].long().to(dev))[0].cpu()
