@@ -91,7 +91,28 @@ class SSDLoadModel(io.ComfyNode):
         except torch.OutOfMemoryError:
             _devices.soft_empty_cache()
             raise out_of_memory("loading the model") from None
+        except ssd_core.SSDError as err:
+            raise with_check(err, path) from None
         return (SSDModel(loaded, None, model, _folders.NO_HEADS, patcher),)
+
+
+def with_check(err, path):
+    """A failed load's error with what check-model finds blocking in the folder, on the same line (the error
+    itself when the check finds nothing more, or cannot run)."""
+    from ..ssd_core.check_model import check_folder, key_findings
+
+    try:
+        found = key_findings(check_folder(path))
+    except Exception:  # noqa: BLE001 -- the check never hides the load's own error
+        return err
+    if not found:
+        return err
+    return ssd_core.SSDError(f"{err} | {found} (python -m ssd_core check-model {check_folder_name(path)}: the whole "
+                             "report)")
+
+
+def check_folder_name(path):
+    return path if path in _folders.bundled("models") else str(path)
 
 
 class SSDLoadHeads(io.ComfyNode):

@@ -1,4 +1,4 @@
-"""Command line: generate, train-heads, bench, convert-vqgan."""
+"""Command line: generate, train-heads, bench, convert-vqgan, check-model."""
 from __future__ import annotations
 
 import argparse
@@ -198,10 +198,22 @@ def cmd_convert_vqgan(args) -> int:
     return convert([args.src, args.dst])
 
 
+def cmd_check_model(args) -> int:
+    """The folder's report on stdout (JSON with --json); exit 2 with one error line when a finding blocks loading."""
+    from .check_model import check_folder, format_report, key_findings
+
+    report = check_folder(args.folder)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else format_report(report))
+    if report.loadable:
+        return 0
+    print(f"error: {report.folder} does not load: {key_findings(report)}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m ssd_core", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_generate_parser, _train_parser, _bench_parser, _convert_parser):
+    for add in (_generate_parser, _train_parser, _bench_parser, _convert_parser, _check_model_parser):
         add(sub)
     return parser
 
@@ -257,12 +269,20 @@ def _convert_parser(sub) -> None:
     c.set_defaults(func=cmd_convert_vqgan)
 
 
+def _check_model_parser(sub) -> None:
+    c = sub.add_parser("check-model", help="what a model folder holds and lacks, and the memory it needs, "
+                       "from its headers (no weights loaded)")
+    c.add_argument("folder", help="model folder, or 'reference' / 'reference-48' (the bundled models)")
+    c.add_argument("--json", action="store_true", help="the report as JSON")
+    c.set_defaults(func=cmd_check_model)
+
+
 def main(argv=None) -> int:
     """Exit codes: 0 done, 2 a bad input or a failed write (one line on stderr), 130 interrupted (Ctrl-C)."""
     start = len(WRITTEN)
     try:
         args = build_parser().parse_args(argv)
-        if args.command != "convert-vqgan":
+        if args.command not in ("convert-vqgan", "check-model"):
             validate(args)
         return args.func(args)
     except SSDError as err:
