@@ -53,6 +53,9 @@ def compact(trace, done=True):
         "counts": {k: int(v) for k, v in (trace.get("counts") or {}).items()},
         "seed": trace.get("seed"),
     }
+    exact = trace.get("exact")
+    if isinstance(exact, dict) and exact.get("first_near_tie") is not None:  # ssd-exact: where it may differ
+        out["first_near_tie"] = [int(v) for v in exact["first_near_tie"]]
     if "step" in trace:
         out["step"] = _flat(trace["step"])
     if "round" in trace:
@@ -113,12 +116,20 @@ def headline(trace, dtype=None, time=True):
     if time:
         parts.append(_seconds(trace.get("wall_s")))
     if decoder in EXACT_DECODERS:
-        name = _dtype_name(dtype)
-        if name in (None, "float32", "float64"):
-            parts.append("same image as plain AR" + ("" if name else " (in float32)"))
-        else:
-            parts.append(f"same rule as plain AR; in {name} the picture may differ slightly from plain AR's")
+        parts.append(exact_words(trace, _dtype_name(dtype)))
     return " | ".join(parts)
+
+
+def exact_words(trace, name=None):
+    """Whether an exact decoder's picture is plain AR's: yes in float32 unless its trace names a near-tie, a
+    decision so close that rounding can flip it (ssd_core/exactness.py); in bf16 / fp16 it may differ."""
+    tie = (trace.get("exact") or {}).get("first_near_tie")
+    if name not in (None, "float32", "float64"):
+        return f"same rule as plain AR; in {name} the picture may differ slightly from plain AR's"
+    if tie is not None:
+        return (f"plain AR's image up to row {tie[0]}, column {tie[1]}: a near-tie there may change the rest "
+                "(the same distribution)")
+    return "same image as plain AR" + ("" if name else " (in float32)")
 
 
 def details(trace):

@@ -148,8 +148,8 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     session = rows.session
     runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows.dev)]
     timings["prefill"] = _now(dev) - t0
-    for run, policy in zip(runs, policies):
-        run.session = session
+    for run, policy, prompt in zip(runs, policies, prompts):
+        run.session, run.prompt = session, prompt
         policy.begin(run)
     pad_id = int(model.code_to_id(torch.zeros(1, dtype=torch.long, device=dev))[0])  # fed at padding slots
     active = list(range(N))

@@ -72,6 +72,10 @@ class Run:
         self.q = SlotTable(self.V, dev)  # per open slot: the distribution its token was drawn from
         self.noise = SlotTable(self.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
         self.checks: list = []  # per verification: (round, ranks a, b, [2, n] accepted and expected)
+        self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest `logp`
+        self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
+        self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
+        self.near_tie = torch.zeros(L, dtype=torch.bool, device=dev)  # [L] final decisions that rounding could flip
 
     # ---- views ----------------------------------------------------------------------------------
     @property
@@ -105,6 +109,7 @@ class Run:
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
         guided = guide(logits, self.settings.cfg, self.settings.min_p)
+        self.guided = guided  # [n, V] kept for note_near_ties (the window's latest)
         if source != "heads":  # drafts: the heads' features are checked once a chain (check_heads)
             self.expect(all_rows_finite(guided),
                         lambda: check_finite(guided, self.settings, slots, logits, source))
@@ -230,6 +235,17 @@ class Run:
             self.noise.span(first, hi)
             self.noise.put(lo, gumbel(self.settings.seed, self.image_ids[lo:hi], self.V))
         return gumbel_argmax(logp.float(), self.noise.get(a, b))
+
+    def note_near_ties(self, raw: torch.Tensor, logp: torch.Tensor, a: int, b: int, final: torch.Tensor) -> None:
+        """Mark the final decisions among the open image slots of ranks [a, b) that a raw-logit error of
+        exact_error could flip (exactness.near_ties; raw [B, n, V], logp [n, V], final [n] bool)."""
+        if self.exact_error is None:
+            return
+        from .exactness import near_ties
+
+        noise = None if self.settings.temperature == 0 else self.noise.get(a, b)
+        ties = near_ties(raw, self.guided, logp, noise, self.settings, self.exact_error) & final
+        self.near_tie[self.image_ids[a:b]] |= ties
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng, device=self.slot_ids.device)

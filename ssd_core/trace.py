@@ -60,7 +60,19 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
                            "top_p": s.top_p, "min_p": s.min_p, **params},
                  timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
-                 peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(check_rows(run)))
+                 peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(check_rows(run)), exact=exact_summary(run))
+
+
+def exact_summary(run) -> dict | None:
+    """ssd-exact's promise for this run (exactness.py): the rounding bound, how many final decisions were near-ties
+    it could flip, and the first such cell [row, column] (None: the picture is ar's); None for other decoders."""
+    if run.exact_error is None:
+        return None
+    cells = run.near_tie[run.layout.slot_of_cell].cpu()
+    W = run.layout.grid[1]
+    first = int(cells.nonzero()[0]) if bool(cells.any()) else None
+    return {"error_bound": float(f"{float(run.exact_error):.3g}"), "near_ties": int(cells.sum()),
+            "first_near_tie": None if first is None else [first // W, first % W]}
 
 
 @dataclass
@@ -81,6 +93,7 @@ class Trace:
     nll_full: float | None = None
     out_of_support: float | None = None
     acceptance: dict = field(default_factory=dict)  # ssd: accepted share and expected acceptance by round
+    exact: dict | None = None  # ssd-exact: exact_summary (may the picture differ from ar's, and from which cell)
 
     def acceptance_round0(self) -> tuple[float | None, float | None]:
         """(measured accepted share, expected acceptance) of the round-0 checks; None without drafts."""
@@ -119,7 +132,7 @@ class Trace:
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": finite_or_none(self.nll),
             "nll_full": self.nll_full, "out_of_support": self.out_of_support,
-            "seed": self.settings.get("seed"), "settings": self.settings,
+            "seed": self.settings.get("seed"), "settings": self.settings, "exact": self.exact,
         }
 
 

@@ -247,10 +247,23 @@ def test_held_lengths_reach_the_device_without_a_copy(bundled):
     assert torch.equal(keys[1], before[1])
 
 
+def warm_exactness_probe(model, grid, prompt=3):
+    """ssd-exact's rounding probe (exactness.error_bound) runs once per model, device, dtype and streams, before
+    the first step, with forwards and sessions of its own (their prompt copies to the device): made here, so
+    that the steps below are the generation's alone. Its result stays on the device (no copy to the host)."""
+    from ssd_core import exactness
+
+    model.__dict__.pop("_exact_error", None)  # measured here, whatever ran before
+    with count_syncs(model) as probe_steps:
+        bound = exactness.error_bound(model, model.build_prompt(prompt, "", True, grid), model.layout(grid).forced)
+    assert probe_steps.forward_syncs() == [] and bound.dim() == 0 and len(probe_steps) >= 2
+
+
 @pytest.mark.parametrize("decoder,heads", [("ssd", True), ("ssd-exact", True), ("ssd-exact", False)],
                          ids=["ssd", "ssd-exact", "ssd-exact-noheads"])
 def test_one_host_copy_per_step_on_the_bundled_model(bundled, decoder, heads):
     model, drafter = bundled
+    warm_exactness_probe(model, (10, 10))
     with count_syncs(model) as per_step:
         r = ssd_core.generate(model, drafter if heads else None, prompt=3, decoder=decoder, seed=5, grid=(10, 10),
                               decode_pixels=False, score=False)
@@ -263,6 +276,7 @@ def test_one_host_copy_per_step_on_the_bundled_model(bundled, decoder, heads):
 def test_one_host_copy_per_image_and_step_single_and_batched(bundled, decoder):
     model, heads = bundled
     drafter = heads if decoder.startswith("ssd") else None
+    warm_exactness_probe(model, (5, 5))
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, drafter, prompt=1, decoder=decoder, seed=2, grid=(5, 5),
                                    decode_pixels=False, score=False)
@@ -282,6 +296,7 @@ def test_one_host_copy_per_step_on_the_static_cache(bundled, bundled_static, dec
     model, heads = bundled_static
     assert static_cache.mode_of(model) == "static"
     drafter = heads if decoder.startswith("ssd") else None
+    warm_exactness_probe(model, (6, 6))
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, drafter, prompt=1, decoder=decoder, seed=2, grid=(6, 6),
                                    decode_pixels=False, score=False)
@@ -316,6 +331,7 @@ def test_no_host_sync_inside_the_forward_of_any_family(family_folder, compile):
     DynamicCache and the static cache, one image and a batch of two (rows of different lengths)."""
     folder, grid = family_folder
     model = ssd_core.load_model(folder, dtype="fp32", compile=compile)
+    warm_exactness_probe(model, grid, "a red cat")
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, None, prompt="a red cat", decoder="ssd-exact", seed=1, grid=grid,
                                    decode_pixels=False, score=False)

@@ -85,6 +85,14 @@ def test_stats_text_says_when_the_picture_is_plain_ars():
     assert trace_mod.headline(t).endswith("same image as plain AR (in float32)")
     bf16 = trace_mod.headline(t, torch.bfloat16)
     assert "same rule as plain AR" in bf16 and "bfloat16 the picture may differ slightly" in bf16
+    # a near-tie in the run (ssd_core/exactness.py): the headline says from where the picture may differ
+    t.update(exact={"error_bound": 6e-5, "near_ties": 2, "first_near_tie": [9, 2]})
+    assert trace_mod.headline(t, torch.float32).endswith("plain AR's image up to row 9, column 2: a near-tie there "
+                                                         "may change the rest (the same distribution)")
+    assert trace_mod.compact(t)["first_near_tie"] == [9, 2]
+    t.update(exact={"error_bound": 6e-5, "near_ties": 0, "first_near_tie": None})
+    assert "first_near_tie" not in trace_mod.compact(t)
+    assert trace_mod.headline(t, torch.float32).endswith("same image as plain AR")
     t.update(decoder="ar", steps=6)
     assert trace_mod.headline(t).startswith("ar: one token at a time, 6 model steps")
     t.update(decoder="ssd")

@@ -51,6 +51,10 @@ export function normalizeTrace(raw) {
     tokens_per_step: raw.tokens_per_step ?? null,
     nll: raw.nll ?? null,
     seed: raw.seed ?? null,
+    // ssd-exact: the first cell whose decision rounding could flip ([row, col]; null: plain AR's picture)
+    first_near_tie: Array.isArray(raw.first_near_tie) && raw.first_near_tie.length === 2
+      ? raw.first_near_tie.map(Number)
+      : (Array.isArray(raw.exact?.first_near_tie) ? raw.exact.first_near_tie.map(Number) : null),
   };
 }
 
@@ -140,7 +144,12 @@ export function legendLines(trace) {
   else head = [decoder, time];
   const details = [`${steps} steps`];
   if (steps > 0) details.push(`${((cells - counts.pending) / steps).toFixed(2)} tokens/step`);
-  if (EXACT_DECODERS.includes(trace.decoder)) details.unshift("same image as plain AR (fp32)");
+  if (EXACT_DECODERS.includes(trace.decoder)) {
+    // a near-tie (a decision so close that rounding can flip it) may make the rest differ from plain AR's
+    const tie = trace.first_near_tie;
+    details.unshift(tie ? `plain AR's image up to row ${tie[0]}, col ${tie[1]} (a near-tie there)`
+      : "same image as plain AR (fp32)");
+  }
   return [first, head.join(" · "), details.join(" · ")];
 }
 

@@ -10,7 +10,7 @@ next cell in the rows below (where the verifier's outputs, which see the row abo
 Without heads the new rows start as copies of the row above, and the first row from the verifier's latest
 output. The choices and their measured steps and ops per step: docs/speed.md, "GPUs and Macs"."""
 
-from .. import calibrate
+from .. import calibrate, exactness
 from ..run import Policy, Run
 from .drafting import Drafter, coupled, drafter_for, rows_end
 
@@ -36,6 +36,8 @@ class ExactPolicy(Policy):
         # the heads' drafts (Gumbel-coupled, a new row in JACOBI_SWEEPS sweeps, FIRST_ROW_REDRAFT cells re-drafted
         # after a correction in the first row), or without heads copies of the row above
         self.drafter = drafter_for(run, use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
+        if run.prompt is not None:  # the trace then names the decisions the window's rounding could flip
+            run.exact_error = exactness.error_bound(run.model, run.prompt, run.ids)
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits, self.drafter)
@@ -64,6 +66,7 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     lead = match.long().cumprod(0).sum()  # the leading matches
     final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
+    run.note_near_ties(logits[:, slots - start], logp, a, b, final)
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
     last_final = run.image_slots[a + n_final - 1]

@@ -90,6 +90,8 @@ test("legend: plain words per colour, the speed-up and time, then the details", 
   assert.match(liveRun, /12\.5 s$/);
   const exact = legendLines(normalizeTrace({ ...compact, decoder: "ssd-exact" }));
   assert.match(exact[2], /^same image as plain AR \(fp32\) · 2 steps/);
+  const tied = legendLines(normalizeTrace({ ...compact, decoder: "ssd-exact", first_near_tie: [9, 2] }));
+  assert.match(tied[2], /^plain AR's image up to row 9, col 2 \(a near-tie there\) · 2 steps/);
   const ar = legendLines(normalizeTrace({ ...compact, decoder: "ar", status: "111111", steps: 6 }));
   assert.equal(ar[1], "ar · one token at a time · 1.23 s");
   assert.match(legendLines(null)[0], /queue/);
