@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core import static_cache
+from ssd_core import exactness, static_cache
 from ssd_core.session import Session, stack_prompts
 from tiny import make_heads, make_llama_grid
 from tiny_families import TINY_SHAPES
@@ -150,6 +150,8 @@ def test_finished_images_leave_a_static_cache_batch(decoder, tmp_path):
         else None
     prompts, seeds = [0, 2, 1], [3, 40, 500]
     kw = dict(decoder=decoder, cfg=3.0, temperature=1.0, top_k=5, draft_rows=2, decode_pixels=False, score=False)
+    # ssd-exact's rounding probe (exactness.py: once per model, its own 2-row forwards) before the rows are counted
+    exactness.error_bound(model, model.build_prompt(0, "", True, (5, 6)), model.layout((5, 6)).forced)
     sizes, hook = _rows_per_forward(model)
     try:
         batch = ssd_core.generate_batch(model, heads, prompts=prompts, seeds=seeds, **kw)
