@@ -1,7 +1,8 @@
 """Lumina-mGPT-7B folders in the released layout (tests/released_lumina.py) load and generate as Lumina-mGPT does.
 
-The fork's q/k norm and its greedy image generation are re-created here from Alpha-VLLM/Lumina-mGPT's code
-(lumina_mgpt/model/chameleon/modeling_chameleon.py, lumina_mgpt/inference_solver.py) and compared with the pack.
+The fork's q/k norm and its image generation (greedy, and its sampler driven by the pack's Gumbel noise) are
+re-created here from Alpha-VLLM/Lumina-mGPT's code (lumina_mgpt/model/chameleon/modeling_chameleon.py,
+lumina_mgpt/inference_solver.py) and compared with the pack.
 """
 import json
 import shutil
@@ -17,6 +18,7 @@ from ssd_core import cli
 from conftest import load_pack, pack_module, run
 from released_lumina import SIDES, TOKENIZER_FILES, build_lumina_released
 from ssd_core.families.lumina import ForkHeadNorm, LuminaModel
+from ssd_core.sampling import gumbel
 from tiny_families import build_emu3
 
 pytestmark = pytest.mark.engine457  # no 5.x-only API: also run under transformers 4.57 (make test-engine-457)
@@ -202,9 +204,11 @@ def test_loads_through_api_node_and_cli(released, side, tmp_path, monkeypatch):
     assert (tmp_path / "x.png").is_file()
 
 
-def official_greedy(model, prompt: str, grid, cfg: float) -> list[int]:
+def official_generation(model, prompt: str, grid, cfg: float, image_top_k: int = 2000, noise=None) -> list[int]:
     """Lumina-mGPT's image generation (lumina_mgpt/inference_solver.py: generate with create_logits_processor's
-    three processors), greedy, as a plain loop without a cache over the pack's loaded weights. The prompt is its
+    three processors), as a plain loop without a cache over the pack's loaded weights: greedy, or with `noise`
+    (slot -> [vocab] Gumbel noise) its sampler at temperature 1 (transformers' softmax + multinomial) driven by
+    that noise: the token is argmax(log softmax(scores) + g) = argmax(scores + g). The prompt is its
     item processor's [BOS] + encode(q + "<reserved08706>"); the image start and the two size tokens, which the
     model would write itself, are given (as the pack forces them). Logits: lm_head over the features in float,
     as the fork's forward with the released mask_image_logits false."""
@@ -239,11 +243,36 @@ def official_greedy(model, prompt: str, grid, cfg: float) -> list[int]:
         else:
             keep = torch.zeros_like(scores, dtype=torch.bool).index_fill_(0, image_ids, True)
             scores = torch.where(keep, scores, -torch.inf)
-        # InterleavedTopKLogitsWarper (image_top_k 2000), then greedy
-        k = min(2000, scores.numel())
+        # InterleavedTopKLogitsWarper (image_top_k; 2000 in the README), then greedy or the replayed sample
+        k = min(image_top_k, scores.numel())
         scores = scores.masked_fill(scores < torch.topk(scores, k)[0][-1], -torch.inf)
+        if noise is not None:  # temperature 1: transformers' TemperatureLogitsWarper is not added
+            scores = scores + noise(len(tokens))  # the slot: the position after the size tokens
         seq.append(int(scores.argmax()))
     return seq[start + 3:]
+
+
+def replayed_noise(model, seed: int):
+    """slot -> [vocab]: the pack's Gumbel noise g(seed, slot) over the image codes (ssd_core.sampling.gumbel, as
+    the pack's Run.gumbel_sample keys it), placed at the codes' token ids, 0 elsewhere (forced slots keep their
+    one finite token)."""
+    vocab = model.model.lm_head.out_features
+
+    def at(slot: int) -> torch.Tensor:
+        g = gumbel(seed, torch.tensor([slot]), model.image_vocab_size)[0]  # [codes], in code order
+        return torch.zeros(vocab).index_copy_(0, model.image_ids, g)
+    return at
+
+
+def image_codes(model, official: list[int]) -> list[int]:
+    """The codes of an official sequence (rows of W image tokens + row end, then <eoss>), checked for its
+    forced tokens."""
+    H, W = GRID
+    row_end, end = model.vocab["<reserved08799>"], model.vocab["<eoss>"]
+    assert len(official) == H * (W + 1) + 1 and official[-1] == end
+    assert [official[y * (W + 1) + W] for y in range(H)] == [row_end] * H
+    bpe2img = model.model.model.vocabulary_mapping.bpe2img
+    return [bpe2img[t] for t in official[:-1] if t != row_end]
 
 
 @pytest.mark.parametrize("cfg", [4.0, 1.5])
@@ -251,14 +280,22 @@ def official_greedy(model, prompt: str, grid, cfg: float) -> list[int]:
 def test_greedy_ar_equals_lumina_official_generation(m768, prompt, cfg):
     res = ssd_core.generate(m768, None, prompt=prompt, decoder="ar", temperature=0, cfg=cfg, grid=GRID, score=False,
                             decode_pixels=False)
-    official = official_greedy(m768, prompt, GRID, cfg)
-    H, W = GRID
-    row_end, end = m768.vocab["<reserved08799>"], m768.vocab["<eoss>"]
-    assert len(official) == H * (W + 1) + 1 and official[-1] == end
-    assert [official[y * (W + 1) + W] for y in range(H)] == [row_end] * H
-    bpe2img = m768.model.model.vocabulary_mapping.bpe2img
-    codes = [bpe2img[t] for t in official[:-1] if t != row_end]
-    assert res.tokens.flatten().tolist() == codes
+    assert res.tokens.flatten().tolist() == image_codes(m768, official_generation(m768, prompt, GRID, cfg))
+
+
+def test_sampled_ar_equals_lumina_official_sampler_with_the_pack_noise(m768):
+    """cfg 3, temperature 1, image_top_k 6 of the 16 codes (2000 upstream): the official processors, then its
+    sampler driven by the pack's noise, give the pack's ar tokens at the same seed; the noise of seed + 1 gives
+    other tokens, and greedy others again (the noise decided tokens)."""
+    prompt, seed, cfg, k = "a red cat", 7, 3.0, 6
+    ours = ssd_core.generate(m768, None, prompt=prompt, decoder="ar", seed=seed, cfg=cfg, top_k=k, temperature=1.0,
+                             top_p=1.0, grid=GRID, score=False, decode_pixels=False).tokens.flatten().tolist()
+    theirs = official_generation(m768, prompt, GRID, cfg, k, replayed_noise(m768, seed))
+    assert ours == image_codes(m768, theirs)
+    other = official_generation(m768, prompt, GRID, cfg, k, replayed_noise(m768, seed + 1))
+    assert image_codes(m768, other) != ours  # the comparison sees the seed
+    greedy = official_generation(m768, prompt, GRID, cfg, k)
+    assert image_codes(m768, greedy) != ours
 
 
 def test_pack_node_errors_are_the_packs(released):
