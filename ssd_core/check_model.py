@@ -92,9 +92,9 @@ def family_model_class(family: str, cls, folder: Path, config: dict):
     if family == "lumina":
         from .families import lumina
 
-        try:
-            rows = lumina.norm_rows(folder, config)
-        except (SSDError, OSError, ValueError):  # a missing shard or a damaged file: findings of their own
+        try:  # the shards present (a missing or damaged one is a finding of its own)
+            rows = lumina.norm_rows(folder, config, sorted(Path(folder).glob("*.safetensors")))
+        except (SSDError, OSError, ValueError):
             rows = None
         if rows is not None:
             return lumina.released_class(rows), (f"q/k norms as [{rows}, head_dim], Lumina-mGPT's released layout, "

@@ -71,9 +71,10 @@ class ForkHeadNorm(torch.nn.Module):
             self.bias.repeat_interleave(self.heads_per_row, 0)
 
 
-def norm_rows(folder, config: dict) -> int | None:
+def norm_rows(folder, config: dict, files=None) -> int | None:
     """model_parallel_size when the folder's weights hold the fork's q/k norms ([model_parallel_size, head_dim]
-    rather than transformers' [heads, head_dim]), else None (read from the safetensors headers only)."""
+    rather than transformers' [heads, head_dim]), else None (read from the safetensors headers only). files: the
+    safetensors files to read (default: the folder's weights, checked; check-model passes the shards present)."""
     from safetensors import safe_open
 
     key = "model.layers.0.self_attn.q_norm.weight"
@@ -84,7 +85,7 @@ def norm_rows(folder, config: dict) -> int | None:
         raise SSDError(f"{Path(folder) / 'config.json'}: model_parallel_size is {rows!r}; it must be a whole number "
                        f"that divides num_attention_heads ({heads!r}), 1 in the released Lumina-mGPT models: fix "
                        "config.json, or re-download the model")
-    for path in model_files.check_weights(folder, config):  # readable headers, or one clear line
+    for path in model_files.check_weights(folder, config) if files is None else files:  # readable headers
         with safe_open(str(path), framework="pt") as f:
             if key in f.keys():
                 shape = f.get_slice(key).get_shape()
