@@ -89,19 +89,21 @@ def near_ties(raw: torch.Tensor, guided: torch.Tensor, logp: torch.Tensor, noise
     perturbed = x if greedy else x + noise  # every code's score, cut or not, in x's frame (log p's shift aside)
     contender = perturbed >= perturbed.gather(-1, winner[:, :1]) - 2 * e_x
     near = None
+    before_top_p = x  # the scores top-p sees: after min-p and top-k (sampling.log_probs' order)
     if s.min_p > 0:
         floor = cond.amax(-1, keepdim=True) + math.log(s.min_p)
         near = (cond - floor).abs() < 2 * error
+        before_top_p = x.masked_fill(cond < floor, -math.inf)
     if not greedy and s.top_k and s.top_k < x.shape[-1]:
-        kept_by_min_p = x if s.min_p <= 0 else x.masked_fill(cond < floor, -math.inf)  # top-k runs after min-p
-        kth = kept_by_min_p.topk(int(s.top_k), dim=-1).values[:, -1:]
-        at_k = (x - kth).abs() < 2 * e_x
+        kth = before_top_p.topk(int(s.top_k), dim=-1).values[:, -1:]
+        at_k = (before_top_p - kth).abs() < 2 * e_x
         near = at_k if near is None else near | at_k
+        before_top_p = before_top_p.masked_fill(before_top_p < kth, -math.inf)
     if not greedy and s.top_p < 1:
-        kept = logp > -math.inf
-        sorted_p, order = torch.softmax(torch.where(kept | near if near is not None else kept, x, -math.inf),
-                                        -1).sort(-1, descending=True)
-        edge = ((sorted_p.cumsum(-1) - sorted_p) - s.top_p).abs() < 2 * e_x + 1e-6  # mass ahead near top_p
+        # a code whose probability mass ahead of it is within the error of top_p: its cut could flip (the
+        # masses move by at most 2 e_x in total, first order)
+        sorted_p, order = torch.softmax(before_top_p, -1).sort(-1, descending=True)
+        edge = ((sorted_p.cumsum(-1) - sorted_p) - s.top_p).abs() < 2 * e_x + 1e-6
         at_p = torch.zeros_like(edge).scatter(-1, order, edge)
         near = at_p if near is None else near | at_p
     return tie | (near & contender).any(-1)
