@@ -107,12 +107,7 @@ def with_check(err, path):
         return err
     if not found:
         return err
-    return ssd_core.SSDError(f"{err} | {found} (python -m ssd_core check-model {check_folder_name(path)}: the whole "
-                             "report)")
-
-
-def check_folder_name(path):
-    return path if path in _folders.bundled("models") else str(path)
+    return ssd_core.SSDError(f"{err} | {found} (python -m ssd_core check-model {path}: the whole report)")
 
 
 class SSDLoadHeads(io.ComfyNode):

@@ -464,7 +464,7 @@ def _generation_config(folder: Path, family: str, report: Report) -> None:
 def weights_bytes(model, quantization: str, family: str) -> int:
     """Bytes of a model's weights at `quantization` ('bf16' / 'fp16' / 'fp32' / '8-bit' / '4-bit'; the modules a
     quantization keeps in full precision at bf16): int8 plus a float32 scale per row (8-bit); NF4 plus
-    double-quantized absmax per 64-block (4-bit). The formula of tools/memory_table.py's weights_bytes."""
+    double-quantized absmax per 64-block (4-bit). tools/memory_table.py's table uses it too."""
     import torch
 
     if quantization in ("bf16", "fp16", "fp32"):

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .sampling import GREEDY_BELOW, SamplerSettings
+from .sampling import GREEDY_BELOW, SamplerSettings, guide
 from .session import Session
 
 PROBE_SLOTS = 48  # slots fed by the probe, one at a time and in windows
@@ -72,9 +72,8 @@ def near_ties(raw: torch.Tensor, guided: torch.Tensor, logp: torch.Tensor, noise
     e_g = (abs(1 - s.cfg) + s.cfg) * error if raw.shape[0] > 1 else error
     greedy = s.temperature < GREEDY_BELOW or noise is None
     e_x = e_g if greedy else e_g / s.temperature
-    score = logp if greedy else logp + noise  # the perturbed scores the argmax compares (-inf: not kept)
-    if greedy:  # greedy decides on the guided logits themselves (after min-p)
-        score = guided
+    # the scores the argmax compares (-inf: not kept); greedy decides on the guided logits themselves (after min-p)
+    score = guided if greedy else logp + noise
     top2, winner = score.topk(2, dim=-1) if score.shape[-1] > 1 else (score.expand(-1, 2), score.new_zeros(
         score.shape[0], 1, dtype=torch.long))
     tie = top2[:, 0] - top2[:, 1] < 2 * e_x  # the best two perturbed scores closer than the error can move them
@@ -84,7 +83,7 @@ def near_ties(raw: torch.Tensor, guided: torch.Tensor, logp: torch.Tensor, noise
     # a code whose membership of the kept set could flip (near a cut) and that could then win, or is the winner
     cond = raw[0]
     if s.min_p > 0:  # the scores of the codes min-p cut, too (guide() set them to -inf)
-        guided = cond if raw.shape[0] == 1 else raw[1] + s.cfg * (cond - raw[1])
+        guided = guide(raw, s.cfg)
     x = guided if greedy or s.temperature == 1 else guided / s.temperature
     perturbed = x if greedy else x + noise  # every code's score, cut or not, in x's frame (log p's shift aside)
     contender = perturbed >= perturbed.gather(-1, winner[:, :1]) - 2 * e_x

@@ -12,6 +12,7 @@ import torch
 
 from . import trace as T
 from .errors import SSDError
+from .exactness import near_ties
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
                        log_probs, not_finite_message, seeded_generator)
 from .session import KVSession, Layout
@@ -241,8 +242,6 @@ class Run:
         exact_error could flip (exactness.near_ties; raw [B, n, V], logp [n, V], final [n] bool)."""
         if self.exact_error is None:
             return
-        from .exactness import near_ties
-
         noise = None if self.settings.temperature == 0 else self.noise.get(a, b)
         ties = near_ties(raw, self.guided, logp, noise, self.settings, self.exact_error) & final
         self.near_tie[self.image_ids[a:b]] |= ties

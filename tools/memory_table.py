@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from ssd_core import check_model
 from ssd_core.families import family_class
-from ssd_core.memory import KEEP_FULL, QUANTIZATIONS
+from ssd_core.memory import QUANTIZATIONS
 from tools.random_models import random_config
 
 
 def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int:
-    """Bytes of a model's weights at `quantization` (bf16 where a module is not quantized): int8 plus a
-    float32 scale per row (8-bit); NF4 plus double-quantized absmax per 64-block (4-bit)."""
-    skip = KEEP_FULL.get(family, ["lm_head"])
-    total = 0
-    quantized = set()
-    if quantization != "none":
-        for name, mod in model.named_modules():
-            if isinstance(mod, torch.nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skip):
-                n = mod.weight.numel()
-                total += n + 4 * mod.out_features if quantization == "8-bit" else n // 2 + n // 64 + 4 * (n // 16384)
-                quantized.add(id(mod.weight))
-    total += sum(2 * p.numel() for p in model.parameters() if id(p) not in quantized)
-    return total
+    """Bytes of a model's weights at `quantization` ('none' = bf16): check_model.weights_bytes, the one formula."""
+    return check_model.weights_bytes(model, "bf16" if quantization == "none" else quantization, family)
 
 
 # the released models: (family, SHAPES name); their vision / VQ parts at transformers' default (released) sizes
