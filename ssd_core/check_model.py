@@ -77,30 +77,20 @@ class Report:
 # ---- what a family's released layout may differ in from transformers' model ---------------------------------
 # Lumina-mGPT's released checkpoint stores q_norm / k_norm as [model_parallel_size, head_dim] where transformers'
 # Chameleon wants [num_heads, head_dim], and holds no model.vqmodel.* (the pixels come from vqgan.safetensors).
-# The family says both itself: `optional_weights`, and families/lumina.py's norm_rows / released_class (the
-# class its load() builds for such a folder), so the check compares the files with what the loader builds.
-def optional_prefixes(cls) -> tuple:
-    """Tensor name prefixes the family's released weights may lack."""
-    return tuple(getattr(cls, "optional_weights", ()))
-
-
-def family_model_class(family: str, cls, folder: Path, config: dict):
-    """(the class the family's load() builds for this folder, a note on its layout or ""): transformers' own, or
-    for a Lumina-mGPT release the family's class that reads its q/k norms as they are."""
+# The family says both itself: `optional_weights`, and its model_class (families/text.py; Lumina-mGPT's picks the
+# class that reads its released q/k norms), so the check compares the files with what the loader builds.
+def family_model_class(cls, folder: Path, config: dict):
+    """(the class the family's load() builds for this folder, a note on its layout or ""), judged from the shards
+    there (a missing or damaged one is a finding of its own); transformers' Auto class for other families."""
     import transformers
 
-    if family == "lumina":
-        from .families import lumina
-
-        try:  # the shards present (a missing or damaged one is a finding of its own)
-            rows = lumina.norm_rows(folder, config, sorted(Path(folder).glob("*.safetensors")))
-        except (SSDError, OSError, ValueError):
-            rows = None
-        if rows is not None:
-            return lumina.released_class(rows), (f"q/k norms as [{rows}, head_dim], Lumina-mGPT's released layout, "
-                                                 "read as they are")
-    name = getattr(cls, "transformers_class", "")
-    return (getattr(transformers, name) if name else transformers.AutoModelForCausalLM), ""
+    if not hasattr(cls, "model_class"):
+        return transformers.AutoModelForCausalLM, ""
+    try:
+        model_cls = cls.model_class(folder, config, sorted(Path(folder).glob("*.safetensors")))
+    except (SSDError, OSError, ValueError):
+        model_cls = getattr(transformers, cls.transformers_class)
+    return model_cls, getattr(model_cls, "layout_note", "")
 
 
 # ---- files --------------------------------------------------------------------------------------------------
@@ -224,7 +214,7 @@ def meta_model(folder: Path, family: str, config: dict):
 
     from .families import family_class
 
-    model_cls, note = family_model_class(family, family_class(family), folder, config)
+    model_cls, note = family_model_class(family_class(family), folder, config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         verbosity = transformers.logging.get_verbosity()
@@ -342,7 +332,7 @@ def _shapes(model, tensors: dict, unseen: set, family: str, cls, config: dict, r
     known = set(held) | {rename(k)[0] for k in unseen}
     covered = {n for names in aliases.values() if any(a in known for a in names) for n in names} | known
     lacking = [k for k in wanted if k not in held and k not in covered]
-    skipped = [k for k in lacking if k.startswith(optional_prefixes(cls))]
+    skipped = [k for k in lacking if k.startswith(cls.optional_weights)]
     lacking = [k for k in lacking if k not in skipped]
     wrong = [k for k, shape in held.items() if k in wanted and k not in converted and shape != wanted[k]]
     # a layer stack of another depth: one finding naming config.json's key, instead of the tensor lists

@@ -103,6 +103,8 @@ def released_class(rows: int):
         from transformers import ChameleonForConditionalGeneration
 
         class LuminaReleasedChameleon(ChameleonForConditionalGeneration):
+            layout_note = f"q/k norms as [{rows}, head_dim], Lumina-mGPT's released layout, read as they are"
+
             def __init__(self, config):
                 super().__init__(config)
                 heads, kv = config.num_attention_heads, config.num_key_value_heads
@@ -196,19 +198,18 @@ class LuminaModel(TextGridModel):
     @classmethod
     def load(cls, folder, dtype=None, device="cpu", download=None, vqgan=None, **kwargs):
         """`vqgan`: a VQGANDecoder or the path of its safetensors file (default: vqgan.safetensors in the folder).
-        A released folder (the fork's q/k norms) loads through released_class, a transformers one as it is."""
+        A released folder (the fork's q/k norms) loads through released_class (model_class)."""
         if vqgan is not None and not isinstance(vqgan, VQGANDecoder) and not Path(vqgan).is_file():
             raise SSDError(f"VQGAN file {vqgan} does not exist; {VQGAN_FIX}")
-        import transformers
+        return super().load(folder, dtype, device, download, vqgan=str(vqgan) if isinstance(vqgan, Path) else vqgan,
+                            **kwargs)
 
-        options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
-        folder = cls.ensure_folder(folder, download)
-        rows = norm_rows(folder, model_files.read_config(folder))
-        model_cls = released_class(rows) if rows is not None else transformers.ChameleonForConditionalGeneration
-        model = model_files.load_pretrained(model_cls, folder, dtype, device, optional=cls.optional_weights,
-                                            **kwargs)
-        options["vqgan"] = str(vqgan) if isinstance(vqgan, Path) else vqgan
-        return cls(model, model_files.load_tokenizer(folder), Path(folder), **options)
+    @classmethod
+    def model_class(cls, folder, config: dict | None = None, files=None):
+        """A released folder (the fork's q/k norms, norm_rows) reads through released_class, any other through
+        transformers' ChameleonForConditionalGeneration."""
+        rows = norm_rows(folder, model_files.read_config(folder) if config is None else config, files)
+        return released_class(rows) if rows is not None else super().model_class(folder, config, files)
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):

@@ -30,12 +30,20 @@ class TextGridModel(GridModel):
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs):
+    def model_class(cls, folder, config: dict | None = None, files=None):
+        """The transformers class that reads this folder's weights (a family may pick one by the folder's layout:
+        its config.json, read when None, and `files`, the safetensors files to look at, default the folder's
+        weights). check-model builds it too."""
         import transformers
 
+        return getattr(transformers, cls.transformers_class)
+
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu", download=None, **kwargs):
         options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
         folder = cls.ensure_folder(folder, download)
-        model = model_files.load_pretrained(getattr(transformers, cls.transformers_class), folder, dtype, device, **kwargs)
+        model = model_files.load_pretrained(cls.model_class(folder), folder, dtype, device,
+                                            optional=cls.optional_weights, **kwargs)
         return cls(model, model_files.load_tokenizer(folder), Path(folder), **options)
 
     # ---- the contract: image codes are rows `image_ids` of lm_head ------------------------------------------
