@@ -99,7 +99,7 @@ def group(models, s: dict) -> list[dict]:
     return pairs
 
 
-def summarize(pairs: list[dict], dtype: str) -> dict:
+def summarize(pairs: list[dict]) -> dict:
     by = {}
     for p in pairs:
         for k in ("all", p["variant"], p["model"]):
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                 "dtype": args.dtype, "machine": {"cpu": platform.processor() or platform.machine(),
                                                  "threads": torch.get_num_threads(), "torch": torch.__version__,
                                                  "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-                "summary": summarize(pairs, args.dtype), "pairs": pairs}
+                "summary": summarize(pairs), "pairs": pairs}
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=0))
         tmp.replace(out)
