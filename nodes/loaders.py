@@ -47,9 +47,9 @@ class SSDLoadModel(io.ComfyNode):
                 io.Combo.Input("model", options=_folders.model_choices(), default=_folders.BUNDLED,
                                tooltip="reference / reference-48 (bundled: 96 / 192 px) or a folder under models/ssd_models holding a config.json"),
                 io.Combo.Input("dtype", options=DTYPES, default="auto",
-                               tooltip="auto = the model's own choice for the device; float32 = ssd-exact gives plain AR's picture pixel "
-                                       "for pixel; bfloat16 / float16 = half the memory, the picture may differ "
-                                       "slightly from plain AR's"),
+                               tooltip="auto = the model's own choice for the device; float32 = ssd-exact gives plain "
+                                       "AR's picture (1,407 of 1,410 tests; the stats name any near-tie); bfloat16 / "
+                                       "float16 = half the memory, the picture may differ slightly from plain AR's"),
                 io.Combo.Input("device", options=DEVICES, default="auto",
                                tooltip="auto = ComfyUI's device; mps = an Apple GPU"),
                 io.Combo.Input("quantization", options=list(QUANTIZATIONS), default="none", optional=True,

@@ -82,9 +82,10 @@ class SSDSampler(io.ComfyNode):
             display_name="SSD Sampler",
             category=CATEGORY,
             description=("Makes an image with an autoregressive model in far fewer model steps: it guesses rows of "
-                         "tokens ahead and the model checks them. decoder: ssd-exact = the same picture as plain ar, "
-                         "faster; ssd = faster still, close in quality (needs heads); ar = one token at a time (the "
-                         "reference); sjd, zipar = other methods, for comparison."),
+                         "tokens ahead and the model checks them. decoder: ssd-exact = plain ar's picture, faster (in "
+                         "float32 1,407 of 1,410 tests equal; the stats name any near-tie that may change it); ssd = "
+                         "faster still, close in quality (needs heads); ar = one token at a time (the reference); sjd, "
+                         "zipar = other methods, for comparison."),
             # new inputs go last: saved workflows keep their widget values by position
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
@@ -102,9 +103,10 @@ class SSDSampler(io.ComfyNode):
                                tooltip="pick only among the most likely tokens making up this share of the probability; 1 = no limit; "
                                        "-1 = the model's default"),
                 io.Combo.Input("decoder", options=list(ssd_core.DECODERS), default="ssd-exact",
-                               tooltip="ssd-exact = the same picture as plain ar (in float32), in fewer steps; ssd = "
-                                       "faster still, close in quality (needs heads); ar = one token at a time (the "
-                                       "reference); sjd, zipar = other methods, for comparison"),
+                               tooltip="ssd-exact = plain ar's picture in fewer steps (in float32 1,407 of 1,410 tests "
+                                       "equal; the stats name any near-tie that may change it); ssd = faster still, "
+                                       "close in quality (needs heads); ar = one token at a time (the reference); sjd, "
+                                       "zipar = other methods, for comparison"),
                 io.Int.Input("draft_rows", default=DRAFT_ROWS.default, min=DRAFT_ROWS.low, max=DRAFT_ROWS.high,
                              tooltip="rows guessed ahead and checked together (ssd, ssd-exact): more = fewer steps "
                                      "when the guesses are good, more work per step; 0 = the decoder's default "

@@ -224,7 +224,8 @@ def _generate_parser(sub) -> None:
     g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
     _suffix_flag(g)
     g.add_argument("--decoder", default="ssd-exact", choices=list(DECODERS),
-                   help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not")
+                   help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not (fp32: "
+                        "1,407 of 1,410 tests equal; the trace's exact.first_near_tie names where it may differ)")
     g.add_argument("--out", default=None, help="PNG to write")
     g.add_argument("--status-image", default=None, help="PNG of the token-status grid")
     g.add_argument("--trace", default=None, help="trace JSON to write")

@@ -180,15 +180,24 @@ def test_every_node_has_help_naming_every_input(locale):
 
 def test_the_tooltips_say_what_the_help_says():
     """The sampler's tooltips are the short form of its help: the decoders' promises and the dtype rule."""
+    # ssd-exact's promise is the measured one (docs/exactness_sweep.json), in every place it is made
+    sweep = json.loads((ROOT / "docs" / "exactness_sweep.json").read_text())["summary"]["all"]
+    rate = f"{sweep['equal']:,} of {sweep['pairs']:,}"
     tips = {i.id: i.tooltip or "" for i in nodes.SSDSampler.define_schema().inputs}
-    assert "same picture as plain ar" in tips["decoder"] and "close in quality" in tips["decoder"]
-    assert "sjd, zipar = other methods" in tips["decoder"]
+    assert "plain ar's picture" in tips["decoder"] and rate in tips["decoder"] and "near-tie" in tips["decoder"]
+    assert "close in quality" in tips["decoder"] and "sjd, zipar = other methods" in tips["decoder"]
+    assert rate in nodes.SSDSampler.define_schema().description
     help_text = (DOCS / "SSDSampler.md").read_text(encoding="utf-8")
-    for phrase in ("the same picture as plain `ar`", "close in quality", "other published speed-up methods",
+    for phrase in ("plain `ar`'s picture", rate, "near-tie", "close in quality", "other published speed-up methods",
                    "differ slightly from plain AR's"):
         assert phrase in help_text
+    rate_zh = f"{sweep['pairs']:,} 次新对比中 {sweep['equal']:,} 次"
+    assert rate_zh in (DOCS / "SSDSampler" / "zh.md").read_text(encoding="utf-8")
     dtype = {i.id: i.tooltip for i in nodes.SSDLoadModel.define_schema().inputs}["dtype"]
-    assert "float32" in dtype and "differ slightly from plain AR's" in dtype
+    assert "float32" in dtype and rate in dtype and "differ slightly from plain AR's" in dtype
+    assert rate in (DOCS / "SSDLoadModel.md").read_text(encoding="utf-8")
+    assert rate_zh in (DOCS / "SSDLoadModel" / "zh.md").read_text(encoding="utf-8")
+    assert rate in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_registry_icon_is_committed_where_its_url_points():

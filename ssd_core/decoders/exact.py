@@ -1,7 +1,8 @@
 """`ssd-exact`: Gumbel-coupled drafts and prefix acceptance; the verifier's outputs become the next drafts.
 
-Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the very image `ar` makes for the
-seed (in fp32; in bf16 / fp16 the window's rounding can change a token, and the images part). A window
+Every token is x_t = argmax(log p_t + g(seed, t)), so the result is the image `ar` makes for the
+seed wherever the window's rounding cannot flip a decision (fp32: 1,407 of 1,410 sweep pairs equal; the trace
+names the first near-tie, exactness.py; in bf16 / fp16 the rounding is larger and the images part sooner). A window
 token is final while every token before it was final or matched the verifier's output; the rest take the
 verifier's outputs (Jacobi iteration); heads, when given, extend the window (a new row below the first in
 JACOBI_SWEEPS sweeps over the whole row, drafting._jacobi_row) and, after a correction, re-draft from the
