@@ -114,6 +114,7 @@ def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto
     static_cache.py.
     """
     check_device(device)
+    model_files.check_path(name_or_path, "model folder")  # a NUL, a name of 256+ bytes: before any look at it
     folder = Path(BUNDLED_MODELS.get(str(name_or_path), name_or_path))
     if str(name_or_path) in BUNDLED_MODELS and not (folder / "config.json").is_file():
         raise SSDError(f"the bundled model's files are missing from {folder}; reinstall the pack")

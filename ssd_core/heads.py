@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .errors import SSDError, printable, shown
+from .model_files import check_path
 
 FORMAT = "ssd-heads"
 FORMAT_VERSION = "1"
@@ -143,6 +144,7 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
     """Read a heads file (safetensors only). Any other or damaged file is refused with a clear message."""
     from safetensors import safe_open
 
+    check_path(path, "heads file")  # a NUL, a name of 256+ bytes: refused before any look at it
     path = Path(path)
     if path.is_dir():
         raise SSDError(f"heads path {path} is a folder: give the .safetensors heads file inside it (e.g. "

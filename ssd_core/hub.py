@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from .errors import SSDError
+from .model_files import check_path
 
 HUB_NAME = re.compile(r"[A-Za-z0-9._-]{1,96}")  # one part of a Hugging Face repo id (owner/name)
 MAX_HUB_FILE = 1024  # characters of a file's path inside a Hub repo
@@ -88,6 +89,7 @@ def download(repo_id: str, folder, extra_files: str = "", local_files_only: bool
     `extra_files`: what the folder needs besides the repo's files (named in the error message). A download that
     fails removes what it wrote (the folder too when it made it)."""
     repo_id = hub_repo_id(repo_id)
+    check_path(folder, "download folder")
     folder = Path(folder)
     try:
         from huggingface_hub import snapshot_download
@@ -121,6 +123,7 @@ def hub_file(repo_id: str, filename: str, folder, download: bool = False) -> Pat
     `download` is on: from the local Hugging Face cache when it holds the file, else from the Hub."""
     repo_id = hub_repo_id(repo_id)
     filename = _hub_filename(filename, repo_id)
+    check_path(Path(folder) / repo_id / filename, "heads file")  # the folder given may be too long
     target = Path(folder) / repo_id
     path = target / filename
     if path.is_file():

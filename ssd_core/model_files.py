@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SSDError, shown
+from .errors import SSDError, printable, shown
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -30,6 +30,43 @@ def parse_dtype(dtype) -> torch.dtype | None:
         raise SSDError(f"unknown dtype {dtype!r}: use bf16, fp16 or fp32")
     return DTYPES[key]
 
+
+
+# ---- a path as text: what every file system refuses, refused before any file is touched -----------------------
+MAX_NAME_BYTES = 255  # one file or folder name (ext4, APFS, NTFS: 255; longer is ENAMETOOLONG)
+MAX_PATH_BYTES = 4095  # a whole path (Linux's PATH_MAX 4,096 with its NUL)
+
+
+def _bytes(text: str) -> int:
+    """The length of `text` as the file system gets it (os.fsencode), in bytes."""
+    try:
+        return len(os.fsencode(text))
+    except UnicodeEncodeError:  # a lone surrogate that no file name decoded to
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _start(text: str) -> str:
+    """The first characters of a long name, quoted and escaped: 'abc...'..."""
+    return printable(repr(text[:24])) + ("..." if len(text) > 24 else "")
+
+
+def check_path(path, what: str) -> None:
+    """One SSDError line, naming `what` (e.g. "--out", "model folder"), for a path no file system takes: a NUL
+    in it, a name (one part between separators) over MAX_NAME_BYTES or the whole over MAX_PATH_BYTES (the
+    OSError or ValueError the first look at the path would raise). None passes."""
+    if path is None:
+        return
+    text = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
+    if "\0" in text:
+        raise SSDError(f"{what} {shown(text)} holds a NUL character (\\x00), which no file system takes: give a "
+                       "path without it")
+    longest = max(Path(text).parts, key=_bytes, default="")
+    if _bytes(longest) > MAX_NAME_BYTES:
+        raise SSDError(f"{what}: the name {_start(longest)} in its path is {_bytes(longest):,} bytes long; a "
+                       f"file or folder name takes at most {MAX_NAME_BYTES} bytes: give a shorter name")
+    if _bytes(text) > MAX_PATH_BYTES:
+        raise SSDError(f"{what} {_start(text)} is {_bytes(text):,} bytes long; a path takes at most "
+                       f"{MAX_PATH_BYTES:,} bytes: give a shorter path")
 
 
 # ---- reading a model folder: only files inside it, JSON objects of sane shape and size -----------------------

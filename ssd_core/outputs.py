@@ -4,10 +4,12 @@ folder or the current one, and the error says where it is."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from .errors import SSDError
+from .model_files import check_path
 
 WRITTEN: list[str] = []  # every file written through write_or_keep, in order (the CLI's 'interrupted' line)
 
@@ -61,6 +63,7 @@ def check_output(path, flag: str, extensions=None, make_folder: bool = False) ->
         return
     if str(path).strip() == "":
         raise SSDError(f"{flag} is empty: give a file name")
+    check_path(path, flag)
     path = Path(path)
     if extensions is not None and path.suffix.lower() not in extensions:
         raise SSDError(f"{flag} {path}: the file name must end in one of {_shown(extensions)}")
@@ -87,6 +90,7 @@ def check_output_dir(path, flag: str) -> None:
         return
     if str(path).strip() == "":
         raise SSDError(f"{flag} is empty: give a folder")
+    check_path(path, flag)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise SSDError(f"{flag} {path} is a file: give a folder (it is created when missing)")
@@ -104,29 +108,57 @@ def _write_errors():
     return tuple(errors)
 
 
-def write_or_keep(path, write, flag: str = "output") -> Path:
-    """write(path); when that fails (disk full, folder gone or read-only since the check), write(copy) to a new
-    file of the same name and extension in the temp folder (else the current folder) and raise one SSDError
-    saying why and where the result is kept. Returns the path written."""
-    path = Path(path)
-    errors = _write_errors()
-    existed = path.exists()
+def _replace_file(path: Path, write) -> None:
+    """write() an existing file's new content to a unique temp file in its folder, then rename it over the file:
+    a write that fails (disk full) leaves the old content, and no temp file. A link is followed (its target is
+    replaced) and the file keeps its permission bits."""
+    target = Path(os.path.realpath(path))
+    fd, name = tempfile.mkstemp(prefix=f".{target.stem[:40]}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        write(Path(name))
+        os.chmod(name, stat.S_IMODE(target.stat().st_mode))
+        os.replace(name, target)
+    except BaseException:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+        raise
+
+
+def _write_new(path: Path, write) -> None:
+    """write(path) for a new file (or a device such as /dev/null): a half-written new file is removed."""
+    existed = os.path.lexists(path)
     try:
         write(path)
+    except BaseException:
+        if not existed and path.is_file():  # a half-written new file is no result
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        raise
+
+
+def write_or_keep(path, write, flag: str = "output") -> Path:
+    """write(path) (an existing file through a temp file renamed over it: _replace_file); when that fails (disk
+    full, folder gone or read-only since the check), write(copy) to a new file of the same name and extension in
+    the temp folder (else the current folder) and raise one SSDError saying why and where the result is kept.
+    Returns the path written."""
+    path = Path(path)
+    errors = _write_errors()
+    try:
+        (_replace_file if path.is_file() else _write_new)(path, write)
         WRITTEN.append(str(path))
         return path
     except errors as err:
         reason = _reason(err)
-    if not existed and path.is_file():  # a half-written new file is no result
-        try:
-            path.unlink()
-        except OSError:
-            pass
     tried = []
     for folder in (tempfile.gettempdir(), os.getcwd()):
         name = None
         try:
-            fd, name = tempfile.mkstemp(prefix=f"{path.stem}.kept-", suffix=path.suffix, dir=folder)
+            fd, name = tempfile.mkstemp(prefix=f"{path.stem[:60]}.kept-", suffix=path.suffix, dir=folder)
             os.close(fd)
             write(Path(name))
         except errors:

@@ -3,6 +3,7 @@ and status image, JSON-safe numbers (the CLI, bench and the nodes all use these)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,23 @@ def finite_or_none(x) -> float | None:
     """JSON has no Infinity / NaN (a browser refuses the whole message): an infinite NLL (a token outside
     top-k / top-p) or a NaN is written as null."""
     return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def json_safe(value):
+    """`value` with every float that is not finite (inf, NaN) as None, through dicts, lists and tuples: strict
+    JSON (json.dumps(..., allow_nan=False) takes it; a browser's JSON.parse refuses Infinity and NaN)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # float, numpy's floats
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(json_safe(v) for v in value)
+    return value
+
+
+GRIDS = ("tokens", "status", "step", "round")  # to_dict's per-cell grids: ints and names only, never walked
 
 
 @dataclass
@@ -116,9 +134,10 @@ class Trace:
         return {int(r): int((rounds == r).sum()) for r in rounds.unique()}
 
     def to_dict(self) -> dict:
+        """The trace as strict JSON values (json_safe: an infinite nll_full is null)."""
         H, W = self.grid
         cells = H * W
-        return {
+        out = {
             "decoder": self.decoder, "grid": [H, W], "tokens": self.tokens.tolist(),
             "status": [[STATUSES[v] for v in row] for row in self.status.tolist()],
             "step": self.step.tolist(), "round": self.round.tolist(),
@@ -130,10 +149,11 @@ class Trace:
             "acceptance_round0_by_column": self.acceptance.get("round0_by_column", []),
             "prefill_s": round(self.timings.get("prefill", 0.0), 4), "wall_s": round(self.timings.get("wall", 0.0), 4),
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
-            "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": finite_or_none(self.nll),
+            "peak_memory_mb": round(self.peak_memory_mb, 1), "nll": self.nll,
             "nll_full": self.nll_full, "out_of_support": self.out_of_support,
             "seed": self.settings.get("seed"), "settings": self.settings, "exact": self.exact,
         }
+        return {k: v if k in GRIDS else json_safe(v) for k, v in out.items()}
 
 
 def _gradient(value, top) -> tuple[int, int, int]:
