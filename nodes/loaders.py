@@ -3,6 +3,7 @@
 ``execute`` is ComfyUI's entry; ``load`` is the same work as a plain call (tests, scripts)."""
 
 from .. import ssd_core
+from ..ssd_core.errors import printable, shown
 from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
 from ..ssd_core.static_cache import MODES as COMPILE_MODES
 from . import _devices, _folders, _patcher
@@ -68,7 +69,7 @@ class SSDLoadModel(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, model=None):
         """Before the run: a model folder that is not there (not downloaded yet) is refused by name."""
-        return check_choices(cls, model=model)
+        return _one_line(check_choices(cls, model=model))
 
     @classmethod
     def execute(cls, model, dtype="auto", device="auto", quantization="none", offload="none", compile="off"):
@@ -81,7 +82,7 @@ class SSDLoadModel(io.ComfyNode):
         if dtype not in DTYPES:
             raise ssd_core.SSDError(f"unknown dtype '{dtype}': pick one of {', '.join(DTYPES)}.")
         dev = _devices.torch_device(device)
-        path = _folders.resolve_model(model)
+        path = _resolved(_folders.resolve_model, "model", model)
         _devices.make_room(_folders.weights_bytes(path), dev)
         try:
             loaded = ssd_core.load_model(path, dtype=dtype, device=dev, quantization=quantization, offload=offload,
@@ -94,6 +95,22 @@ class SSDLoadModel(io.ComfyNode):
         except ssd_core.SSDError as err:
             raise with_check(err, path) from None
         return (SSDModel(loaded, None, model, _folders.NO_HEADS, patcher),)
+
+
+def _one_line(found):
+    """A validate_inputs answer: True, or its message with the name the user typed escaped (printable)."""
+    return found if found is True else printable(found)
+
+
+def _resolved(resolve, what, name):
+    """resolve(name) for a name from the loader's list: a name that is not text refused, and a not-found error
+    with the name's control characters (ESC, newlines) escaped, on one line."""
+    if not isinstance(name, str):
+        raise ssd_core.SSDError(f"the {what} input must be a name from its list, got {shown(name)}.")
+    try:
+        return resolve(name)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(printable(str(err))) from None
 
 
 def with_check(err, path):
@@ -139,7 +156,7 @@ class SSDLoadHeads(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, heads=None):
-        return check_choices(cls, heads=heads)
+        return _one_line(check_choices(cls, heads=heads))
 
     @classmethod
     def execute(cls, ssd_model, heads="reference", hub_repo="", hub_file="heads.safetensors", download=False):
@@ -159,6 +176,6 @@ class SSDLoadHeads(io.ComfyNode):
         elif heads == _folders.NO_HEADS:
             return (ssd_model.with_heads(None, heads),)
         else:
-            path = _folders.resolve_heads(heads)
+            path = _resolved(_folders.resolve_heads, "heads", heads)
         loaded = ssd_core.load_heads(path, ssd_model.model)
         return (ssd_model.with_heads(loaded, heads),)

@@ -10,6 +10,7 @@ import torch
 from .. import ssd_core
 from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, DecoderParams, needs_heads, uses_heads, without_heads
 from ..ssd_core.families import families_with_negative_prompts
+from ..ssd_core.limits import whole_number
 from ..ssd_core.memory import out_of_memory
 from . import _devices, _patcher, _progress, grids
 from . import trace as trace_mod
@@ -24,9 +25,12 @@ MAX_BATCH = 16
 
 
 def _auto(value, cast, name):
-    """-1 (AUTO) = the model's default; any other negative value is refused, never silently replaced."""
+    """-1 (AUTO) = the model's default; any other negative value is refused, never silently replaced; an INT input
+    (cast int) that is not a whole number (NaN, inf, 3.7) is refused, never truncated."""
     if value is None or value == AUTO:
         return None
+    if cast is int:
+        value = whole_number(name, value)
     if value < 0:
         raise SSDError(f"{name} {value} is negative: set -1 for the model's default, or a value >= 0.")
     return cast(value)
@@ -158,6 +162,8 @@ class SSDSampler(io.ComfyNode):
                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
                negative_prompt="", batch_size=1, min_p=AUTO, official_suffix=True, unique_id=None):
         model = _check(ssd_model, decoder, negative_prompt)
+        seed = whole_number("seed", seed, 0, 2**64 - 1)  # INT inputs: NaN, inf and 1.7 refused, never truncated
+        n = whole_number("batch_size", batch_size, 1, MAX_BATCH)
         kwargs = dict(
             # a class-conditional model takes a class name or index: the family resolves it (GridModel.build_prompt)
             prompt="" if prompt is None else str(prompt),
@@ -168,24 +174,21 @@ class SSDSampler(io.ComfyNode):
             top_k=_auto(top_k, int, "top_k"),
             top_p=_auto(top_p, float, "top_p"),
             min_p=_auto(min_p, float, "min_p"),
-            params=DecoderParams(draft_rows=int(draft_rows), verify_rounds=int(verify_rounds)),
+            params=DecoderParams(draft_rows=draft_rows, verify_rounds=verify_rounds),  # each checked: a whole number
             grid=grids.parse(grid, getattr(model, "family", "")),
             official_suffix=bool(official_suffix),
         )
         heads = ssd_model.heads if uses_heads(decoder) else None
-        n = int(batch_size)
-        if not 1 <= n <= MAX_BATCH:
-            raise SSDError(f"batch_size must be from 1 to {MAX_BATCH}, got {batch_size}.")
         live = _Live(model, n, kwargs["grid"] or tuple(model.default_grid), decoder, unique_id)
         try:
             _patcher.load_to_device(ssd_model.patcher)  # back on the GPU if ComfyUI unloaded it
             if heads is not None:
                 heads.to(model.device)
             if n == 1:
-                results = [ssd_core.generate(model, heads, seed=int(seed), on_step=live.on_step,
+                results = [ssd_core.generate(model, heads, seed=seed, on_step=live.on_step,
                                              should_cancel=_devices.processing_interrupted, **kwargs)]
             else:
-                results = ssd_core.generate_batch(model, heads, seeds=[(int(seed) + i) % 2**64 for i in range(n)],
+                results = ssd_core.generate_batch(model, heads, seeds=[(seed + i) % 2**64 for i in range(n)],
                                                   batch_size=n, on_step=live.on_step,
                                                   should_cancel=_devices.processing_interrupted, **kwargs)
         except ssd_core.Cancelled:

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from ..ssd_core.trace import STATUSES, finite_or_none, status_image
+from ..ssd_core.limits import whole_number
+from ..ssd_core.trace import STATUSES, finite_or_none, json_safe, status_image
 from ._io import io
 from .types import CATEGORY, SSD_TRACE
 
@@ -63,13 +64,13 @@ def compact(trace, done=True):
     for key in ("tokens_per_step", "nll"):
         if trace.get(key) is not None:
             out[key] = finite_or_none(trace[key])
-    return out
+    return json_safe(out)  # strict JSON: the browser's JSON.parse refuses Infinity and NaN
 
 
 def live(progress, decoder, t0_wall):
     """The ``ssd.grid`` event payload for one engine step (no per-cell steps: cheap)."""
     h, w = (int(v) for v in progress.grid)
-    return {
+    return json_safe({
         "v": 1,
         "done": False,
         "decoder": decoder,
@@ -78,7 +79,7 @@ def live(progress, decoder, t0_wall):
         "steps": int(progress.step),
         "final": int(progress.final_cells),
         "wall_s": float(t0_wall),
-    }
+    })
 
 
 # what each cell status means, in the words of the widget's legend and the node help (web/docs)
@@ -215,12 +216,13 @@ class SSDTraceToImage(io.ComfyNode):
         traces = trace if isinstance(trace, list) else [trace]
         if not traces:
             raise ValueError("this trace list is empty: connect the 'trace' output of an SSD Sampler.")
-        index = int(index)
+        cell_size = whole_number("cell_size", cell_size, 1, 64)  # NaN, 1.5: refused, never truncated
+        index = whole_number("index", index, -1)
         if index >= len(traces):
             raise ValueError(f"index {index} is past the batch of {len(traces)} traces: pick 0..{len(traces) - 1} "
                              "or -1 for all.")
         chosen = traces if index < 0 else [traces[index]]
-        images = [render(t, int(cell_size), color_by, bool(gridlines)) for t in chosen]
+        images = [render(t, cell_size, color_by, bool(gridlines)) for t in chosen]
         if len({tuple(i.shape) for i in images}) > 1:
             raise ValueError("the traces of this batch have different grids: pick one with index.")
         return (torch.cat(images),)
