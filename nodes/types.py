@@ -1,6 +1,7 @@
 """The pack's link types, declared once (V3 ``io.Custom``): the strings are what saved workflows hold on their
 links, so they never change."""
 
+from ..ssd_core.errors import printable
 from ._io import io
 
 SSD_MODEL = io.Custom("SSD_MODEL")  # an SSDModel: the engine's model and its draft heads (or none)
@@ -17,7 +18,7 @@ def check_choices(cls, **values):
         if choices is None or value is None or value in choices:
             continue
         shown = ", ".join(map(str, choices[:20])) + (f" ... ({len(choices)} in all)" if len(choices) > 20 else "")
-        return f"{name}: '{value}' is not in the list ({shown})"
+        return f"{name}: '{printable(value)}' is not in the list ({printable(shown)})"
     return True
 
 

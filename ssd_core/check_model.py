@@ -506,6 +506,11 @@ def check_folder(folder) -> Report:
     start = time.perf_counter()
     folder = Path(BUNDLED_MODELS.get(str(folder), folder))
     report = Report(str(folder))
+    try:
+        model_files.check_path(folder, "model folder")  # a NUL or a name no file system takes
+    except SSDError as err:
+        report.add("error", "family", str(err))
+        return _done(report, start)
     if not folder.is_dir():
         report.add("error", "family", f"{folder} is not a folder: put the model's files (config.json, "
                    "*.safetensors, tokenizer) in a folder of their own")

@@ -89,6 +89,9 @@ def test_loaders_list_checks_escape_the_name():
     for answer in (nodes.SSDLoadModel.validate_inputs(model=EVIL), nodes.SSDLoadHeads.validate_inputs(heads=EVIL)):
         assert "is not in the list" in one_line(answer) and "\\x1b[31m" in answer, answer
     assert nodes.SSDLoadModel.validate_inputs(model="reference") is True
+    # every list input, through the shared check: the value escaped, the answer one line
+    answer = pack_module("nodes.types").check_choices(nodes.SSDSampler, decoder="ar\x1b[2J\nrm")
+    assert "decoder: 'ar\\x1b[2J\\nrm' is not in the list" in answer and "\n" not in answer, answer
 
 
 # ---- SSD Trace to Image: INT inputs ------------------------------------------------------------------------------

@@ -222,6 +222,13 @@ def test_a_cut_short_shard_and_a_non_model_folder(copy, tmp_path):
                              "config.json's architectures and model_type)") and "no config.json" in f.line
 
 
+def test_a_folder_name_no_file_system_takes(tmp_path):
+    for folder, words in ((tmp_path / ("n" * 300), "is 300 bytes long; a file or folder name takes at most 255"),
+                          (f"{tmp_path}/a\0b", "holds a NUL character")):
+        f = finding(checked(folder), "family")
+        assert f.line.startswith("model folder") and words in f.line, f.line
+
+
 def test_lumina_s_released_layout_is_accepted(copy):
     """Released Lumina-mGPT: q_norm / k_norm as [1, head_dim] (read as they are), no model.vqmodel.*."""
     folder = copy("lumina")
