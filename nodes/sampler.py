@@ -8,6 +8,7 @@ import time
 import torch
 
 from .. import ssd_core
+from ..ssd_core.api import MAX_BATCH  # one batch limit for the API, the CLI and the node
 from ..ssd_core.decoders import DRAFT_ROWS, VERIFY_ROUNDS, DecoderParams, needs_heads, uses_heads, without_heads
 from ..ssd_core.families import families_with_negative_prompts
 from ..ssd_core.limits import whole_number
@@ -21,7 +22,6 @@ from .types import CATEGORY, SSD_MODEL, SSD_TRACE
 SSDError = ssd_core.SSDError
 AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p
 PREVIEW_INTERVAL_S = 0.25
-MAX_BATCH = 16
 
 
 def _auto(value, cast, name):

@@ -37,9 +37,9 @@ INT_CASES = [  # (input, value, words)
     ("draft_rows", INF, "draft_rows must be a whole number from 0 to 8, got inf"),
     ("verify_rounds", NAN, "verify_rounds must be a whole number from 0 to 8, got nan"),
     ("verify_rounds", 2.5, "verify_rounds must be a whole number from 0 to 8, got 2.5"),
-    ("batch_size", NAN, "batch_size must be a whole number from 1 to 16, got nan"),
-    ("batch_size", INF, "batch_size must be a whole number from 1 to 16, got inf"),
-    ("batch_size", 1.5, "batch_size must be a whole number from 1 to 16, got 1.5"),
+    ("batch_size", NAN, "batch_size must be a whole number from 1 to 64, got nan"),
+    ("batch_size", INF, "batch_size must be a whole number from 1 to 64, got inf"),
+    ("batch_size", 1.5, "batch_size must be a whole number from 1 to 64, got 1.5"),
 ]
 
 

@@ -86,6 +86,11 @@ def test_node_mappings_and_inputs():
         make_policy("ssd", **{name: top})
         with pytest.raises(core.SSDError, match=name):
             make_policy("ssd", **{name: top + 1})
+    api = importlib.import_module(PACK + ".ssd_core.api")
+    top = opt["batch_size"][1]["max"]
+    assert top == api.MAX_BATCH  # one batch limit: the API's refuses one more
+    with pytest.raises(core.SSDError, match="batch_size"):
+        api.generate_batch(None, None, prompts=["face"] * (top + 1), seeds=list(range(top + 1)))
     assert info["output"] == ["IMAGE", "SSD_TRACE", "STRING"] and info["output_name"] == ["image", "trace", "stats"]
     assert info["output_node"] is True and all(info["output_tooltips"])
     # the node id for the widget's events (the prompt and png info come with every output node)
