@@ -92,12 +92,6 @@ class ImageRowsHead:
         return torch.nn.functional.linear(normed.to(weight.device), weight, bias)
 
 
-def head_rows_logits(normed: torch.Tensor, head: torch.nn.Module, rows) -> torch.Tensor:
-    """Logits of a vocabulary head restricted to its image rows (a slice or ids), with no rows kept between calls
-    (a GridModel keeps an ImageRowsHead instead)."""
-    return ImageRowsHead(rows)(normed, head)
-
-
 class GridModel:
     """A base AR image model behind one contract. Subclasses set the attributes and override the hooks."""
 
