@@ -237,14 +237,15 @@ class Run:
             self.noise.put(lo, gumbel(self.settings.seed, self.image_ids[lo:hi], self.V))
         return gumbel_argmax(logp.float(), self.noise.get(a, b))
 
-    def note_near_ties(self, raw: torch.Tensor, logp: torch.Tensor, a: int, b: int, final: torch.Tensor) -> None:
-        """Mark the final decisions among the open image slots of ranks [a, b) that a raw-logit error of
-        exact_error could flip (exactness.near_ties; raw [B, n, V], logp [n, V], final [n] bool)."""
+    def note_near_ties(self, raw: torch.Tensor, logp: torch.Tensor, a: int, n: int) -> None:
+        """Mark the decisions just made final at the open image slots of ranks [a, a + n) that a raw-logit error
+        of exact_error could flip (exactness.near_ties; raw [B, >= n, V] and logp [>= n, V] from the window's
+        first open slot: only their first n rows, the final ones, are scored)."""
         if self.exact_error is None:
             return
-        noise = None if self.settings.temperature == 0 else self.noise.get(a, b)
-        ties = near_ties(raw, self.guided, logp, noise, self.settings, self.exact_error) & final
-        self.near_tie[self.image_ids[a:b]] |= ties
+        noise = None if self.settings.temperature == 0 else self.noise.get(a, a + n)
+        ties = near_ties(raw[:, :n], self.guided[:n], logp[:n], noise, self.settings, self.exact_error)
+        self.near_tie[self.image_ids[a:a + n]] |= ties
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng, device=self.slot_ids.device)

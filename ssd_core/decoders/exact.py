@@ -67,9 +67,9 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     lead = match.long().cumprod(0).sum()  # the leading matches
     final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
-    run.note_near_ties(logits[:, slots - start], logp, a, b, final)
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
+    run.note_near_ties(logits[:, slots[:n_final] - start], logp, a, n_final)  # only the final decisions
     last_final = run.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)
