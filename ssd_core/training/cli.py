@@ -34,9 +34,12 @@ def add_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--out", default=None, help="the heads file to write (.safetensors); needed unless --plan")
     t.add_argument("--samples", type=int, default=None,
                    help="grids the model samples itself (default 256, or 0 with --grids: both are joined)")
-    t.add_argument("--heldout", type=int, default=16)
+    t.add_argument("--heldout", type=int, default=16, help="grids held out to score the heads on (>= 1; with "
+                   "--grids and --samples 0 they are the files' last grids, so fewer than the files hold; never "
+                   "reduced unsaid); --heldout-grids FILE replaces them")
     t.add_argument("--epochs", type=int, default=4)
-    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of the one-cycle schedule, > 0 and <= 1 "
+                   "(default 2e-3); a run whose loss turns NaN or infinite stops there and says so")
     t.add_argument("--ce-weight", type=float, default=0.1, help="argmax cross-entropy of the drafts (0 = off)")
     t.add_argument("--kl-weight", type=float, default=1.0,
                    help="KL of the model's processed guided distribution against the draft's (0 = off)")
@@ -88,12 +91,16 @@ def add_flags(t: argparse.ArgumentParser) -> None:
                    "A100-40GB, L40S, RTX4090, RTX3090)")
     t.add_argument("--plan-gpus", default="1,8", help="comma list of GPU counts to project (default 1,8)")
     t.add_argument("--push-to-hub", default=None, metavar="REPO", help="after training, upload the heads file "
-                   "and a model card to this Hugging Face repo (owner/name; needs a token: huggingface-cli login)")
+                   "and a model card to this Hugging Face repo (owner/name; needs a token: huggingface-cli login). "
+                   "Checked before the run, offline: the name's form, huggingface_hub installed, a token found. "
+                   "Checked only at the push, after training: the token's write access to the repo (a failed push "
+                   "keeps the heads and says how to upload them)")
     t.add_argument("--bench-json", default=None, help="a `bench --json` file whose figures go into the model card")
 
 
 def validate(args) -> None:
     """Every train-heads value checked before a model loads or any grid is sampled."""
+    from ..model_files import check_path
     from ..outputs import check_output
     from . import data, plan, publish
     from .config import TrainConfig
@@ -101,10 +108,17 @@ def validate(args) -> None:
 
     if args.out is None and not args.plan:
         raise SSDError("train-heads needs --out FILE.safetensors (the heads file to write), or --plan")
+    if args.grid is not None:
+        given = "x".join(map(str, args.grid)) if isinstance(args.grid, tuple) else args.grid
+        raise SSDError(f"--grid {given}: train-heads trains the heads on the model's own grid "
+                       "(its folder's size; --grids files must be of it too): leave --grid out")
     check_output(args.out, "--out", {".safetensors"})
     data.check_features_file(args.features, "--features")
+    check_path(args.shards, "--shards")
+    check_path(args.init, "--init")
     for flag, files in (("--grids", args.grids), ("--heldout-grids", args.heldout_grids)):
         for one in (files.split(",") if files else []):
+            check_path(one, flag)
             if not Path(one).is_file():
                 raise SSDError(f"{flag} {one} is not a file: give a safetensors file with 'tokens' [N, H, W] "
                                "and 'classes' [N]")

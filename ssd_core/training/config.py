@@ -8,9 +8,12 @@ from pathlib import Path
 from ..errors import SSDError
 from ..heads import VERTICAL_INPUTS
 from ..limits import whole_number
+from ..model_files import check_path
 
 MAX_GRIDS = 1_000_000  # grids sampled or held out (their tokens are held in memory; features are streamed)
 MAX_COUNT = 10_000_000  # epochs, steps, chain depth, checkpoint interval
+MAX_LR = 1.0  # the one-cycle schedule's peak learning rate at most (the heads train at 1e-3 to 4e-3; AdamW moves a
+#               weight by about lr a step, so past 1 a step outgrows the weights, and 1e308 overflows to inf)
 MAX_WIDTH = 65_536  # an MLP width (the shipped Hv: 1,024): 3 x width x hidden_size weights, and Adam's state
 SHARD_GRIDS = 256  # self-distilled grids per shard file (the unit a rerun skips)
 
@@ -71,8 +74,9 @@ class TrainConfig:
                 raise SSDError(f"train-heads {name} must be a number, got {str(value)[:40]!r}")
         if self.samples + self.heldout < 2:
             raise SSDError("train-heads needs at least 2 grids (samples + heldout): one to train on, one held out")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise SSDError(f"train-heads lr must be a number > 0 (e.g. 2e-3), got {self.lr}")
+        if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+            raise SSDError(f"train-heads lr must be a number > 0 and <= {MAX_LR:g} (the one-cycle schedule's peak; the "
+                           f"heads train at 1e-3 to 4e-3, e.g. 2e-3), got {self.lr}")
         for name in ("ce_weight", "kl_weight", "tv_weight"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise SSDError(f"train-heads {name} must be a number >= 0, got {getattr(self, name)}")
@@ -89,6 +93,7 @@ class TrainConfig:
         if self.train != "both" and self.init is None:
             raise SSDError(f"train-heads train={self.train} keeps the other head as it starts: give init, a heads file "
                            "to start from, or train both")
+        check_path(self.init, "train-heads init")
         if self.init is not None and not Path(self.init).is_file():
             raise SSDError(f"train-heads init {self.init} is not a file: give a heads .safetensors file made for this "
                            "model to start from, or leave it out to start from random weights")

@@ -10,15 +10,19 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from ..acceptance import guided_logp
-from ..errors import SSDError
+from ..errors import SSDError, shown
+from ..model_files import MAX_JSON_BYTES, MAX_JSON_DEPTH, check_path
 from ..outputs import check_output
 from ..sampling import SamplerSettings, _mix, _mix_int, _signed, guide, gumbel_of, log_probs, sample_logits, shr53
 from ..session import Layout, stack_prompts
@@ -286,3 +290,93 @@ def differences(stored: dict, now: dict, keys=None) -> list[str]:
 
 def codes_digest(codes: torch.Tensor) -> str:
     return hashlib.sha256(codes.long().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+# ---- the trainer's own files: JSON read with caps, files written whole -----------------------------------------
+def _too_deep(value) -> bool:
+    """A JSON value nested more than MAX_JSON_DEPTH levels (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def parse_json(text: str, what: str, fix: str, limit: int = MAX_JSON_BYTES):
+    """The JSON value of `text`, or one SSDError line "`what`: ...; `fix`": longer than `limit` characters,
+    not JSON, or nested more than MAX_JSON_DEPTH levels (model_files' caps)."""
+    if len(text) > limit:
+        raise SSDError(f"{what}: {len(text):,} characters of JSON, more than the {limit:,} it may have; {fix}")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise SSDError(f"{what}: nests JSON too deeply to read; {fix}") from None
+    except ValueError as err:  # JSONDecodeError, a number of 5,000 digits
+        raise SSDError(f"{what}: not JSON ({str(err).split(':')[0][:80]}); {fix}") from None
+    if isinstance(value, (dict, list)) and _too_deep(value):
+        raise SSDError(f"{what}: nests JSON more than {MAX_JSON_DEPTH} levels deep; {fix}")
+    return value
+
+
+def read_json_file(path, flag: str, fix: str) -> dict:
+    """The JSON object of the file `path` (a command-line file such as --bench-json), or one SSDError line
+    naming `flag`: a path no file system takes, not a file, over MAX_JSON_BYTES, not UTF-8, not JSON, nested too
+    deep, not an object."""
+    check_path(path, flag)
+    path = Path(path)
+    if not path.is_file():
+        raise SSDError(f"{flag} {path} is not a file; {fix}")
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise SSDError(f"{flag} {path} is {size:,} bytes, more than the {MAX_JSON_BYTES:,} it may have; {fix}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise SSDError(f"{flag} {path} cannot be read ({err.strerror or err}); {fix}") from None
+    except UnicodeDecodeError as err:
+        raise SSDError(f"{flag} {path} is not UTF-8 text (byte {err.start}); {fix}") from None
+    value = parse_json(text, f"{flag} {path}", fix)
+    if not isinstance(value, dict):
+        raise SSDError(f"{flag} {path} holds a JSON {type(value).__name__}, not an object; {fix}")
+    return value
+
+
+def meta_number(meta: dict, key: str, what: str, fix: str) -> int:
+    """A whole number >= 0 written as text in a safetensors metadata entry (12 digits at most), or one
+    SSDError line naming `what`."""
+    text = meta.get(key)
+    if not (isinstance(text, str) and 0 < len(text) <= 12 and text.isascii() and text.isdigit()):
+        raise SSDError(f"{what}: its {key} is {shown(text)}, not a whole number >= 0; {fix}")
+    return int(text)
+
+
+def json_of_kind(value, kind: type, what: str, fix: str):
+    """`value` when it is of the JSON `kind` (dict, str, int: never a bool), else one SSDError line."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = {dict: "an object", str: "a text", int: "a whole number", list: "a list"}
+        raise SSDError(f"{what} is {shown(value)}, not {names.get(kind, kind.__name__)}; {fix}")
+    return value
+
+
+def write_replacing(path, write) -> None:
+    """write(temp) into a new file of a unique name beside `path` (tempfile.mkstemp: O_EXCL, never a file or
+    link already there), fsync it, then rename it over `path` (a file that is there is whole). Any failure, or
+    Ctrl-C, removes the temp file and leaves `path` as it was; the error goes on to the caller."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name[:60]}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(name))
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise

@@ -71,11 +71,22 @@ class FeatureFile:
             header = json.loads(f.read(n))
         self.base = 8 + n
         header.pop("__metadata__", None)
-        self.entries = {k: (DTYPES[v["dtype"]], tuple(v["shape"]), tuple(v["data_offsets"]))
-                        for k, v in header.items()}
+        self.entries = {k: (DTYPES.get(v["dtype"]), tuple(v["shape"]), tuple(v["data_offsets"]))
+                        for k, v in header.items()}  # a dtype not written here: None (the file holds other data)
         dtype, shape, _ = self.entries["h"]
-        self.n, self.row_shape, self.dtype = shape[0], shape[1:], dtype
-        self.row_bytes = int(torch.Size(shape[1:]).numel()) * torch.empty(0, dtype=dtype).element_size()
+        self.n, self.row_shape, self.dtype = (shape[0], shape[1:], dtype) if dtype and shape else (0, (), dtype)
+        self.row_bytes = int(torch.Size(self.row_shape).numel()) * (torch.empty(0, dtype=dtype).element_size()
+                                                                    if dtype else 0)
+
+    def holds(self, codes: torch.Tensor, streams: int, hidden: int) -> bool:
+        """The file holds these grids' features as build writes them: h [N, S, L+1, d] fp16, ids and codes
+        [N, L] int64, its codes these grids' (else it is made again, never read into a batch)."""
+        n, slots = codes.shape
+        want = {"h": (torch.float16, (n, streams, slots + 1, hidden)), "ids": (torch.int64, (n, slots)),
+                "codes": (torch.int64, (n, slots))}
+        if any(self.entries.get(k, (None, None))[:2] != v for k, v in want.items()):
+            return False
+        return torch.equal(self.whole("codes"), codes.long())
 
     def __len__(self) -> int:
         return self.n
@@ -135,16 +146,17 @@ def _header(n: int, streams: int, slots: int, hidden: int) -> bytes:
 def build(path, model, prompts: list, codes: torch.Tensor, settings, layout, batch: int, stop_at=None,
           log=print) -> int:
     """Write the features of the grids (the first ones done by stop_at) into `path`, a batch at a time;
-    returns how many grids it holds. A failed write leaves no file at `path` (it is written beside, then
-    renamed)."""
+    returns how many grids it holds. A failed or interrupted write leaves `path` as it was and no temp file (it
+    is written into a unique temp file beside, synced, then renamed: data.write_replacing)."""
     path = Path(path)
-    part = path.with_name(f".{path.name}.part-{os.getpid()}")
     streams = 2 if settings.guided else 1
     slots, hidden = layout.num_slots, int(model.hidden_size)
     t0 = time.time()
     done = 0
-    try:
-        with open(part, "wb") as f:
+
+    def write(part: Path) -> None:
+        nonlocal done
+        with open(part, "r+b") as f:  # the temp file write_replacing made (O_EXCL), empty
             f.write(b"\0" * (8 + HEADER_BYTES))
             for b in range(0, len(prompts), batch):
                 if stop_at is not None and b and time.time() >= stop_at:  # one batch at least
@@ -161,9 +173,10 @@ def build(path, model, prompts: list, codes: torch.Tensor, settings, layout, bat
             f.write(codes[:done].long().contiguous().numpy().tobytes())
             f.seek(0)
             f.write(_header(done, streams, slots, hidden))
-        os.replace(part, path)
+
+    try:
+        data.write_replacing(path, write)
     except OSError as err:
-        part.unlink(missing_ok=True)
         raise SSDError(f"could not write --features {path} ({err.strerror or err}); leave --features out (the "
                        "features are then streamed) or free some disk") from None
     WRITTEN.append(str(path))
@@ -178,8 +191,7 @@ def features_file(path, model, prompts, codes, settings, layout, batch, stop_at=
     path = Path(path)
     if path.is_file():
         file = FeatureFile(path)
-        stored = file.whole("codes")
-        if stored.shape == codes.shape and torch.equal(stored, codes.long()):
+        if file.holds(codes, 2 if settings.guided else 1, int(model.hidden_size)):
             log(f"features of {len(file)} grids read from {path} as needed")
             return Cached(model, file), len(file)
         log(f"{path} holds the features of other grids: made again")

@@ -27,7 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from ..acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
-from ..errors import SSDError
+from ..errors import SSDError, shown
 from ..heads import DraftHeads
 from ..outputs import WRITTEN, check_output, write_or_keep
 from ..sampling import SamplerSettings, guide, seeded_generator, settings_from
@@ -39,6 +39,10 @@ from .prompts import prompt_order, prompt_source
 from .shards import Shards, default_folder
 
 STATE_FORMAT = "ssd-train-state"
+START_AGAIN = "run without --resume to start again"
+MAX_IDENTITY_CHARS = 1 << 20  # the run's identity in a state's metadata (settings, model, data: about 2 KB)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # safetensors' names of the tensors a run state holds
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # AdamW's state of one parameter
 DIV_FACTOR, FINAL_DIV, PCT_START, BETA1_HIGH, BETA1_LOW = 25.0, 1e4, 0.1, 0.95, 0.85  # torch's OneCycleLR defaults
 
 
@@ -52,13 +56,14 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     shards: the folder of the self-distilled grids (default: beside out_path); heldout_grids: (prompts, codes)
     to score on, else the last cfg.heldout grids; features: a file to store / reuse the training features in
     (else streamed a batch at a time); resume: continue the run whose state is saved beside out_path."""
-    plan = _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prompts, shards, resume, group)
+    plan = _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prompts, shards, resume, group,
+                    heldout_grids)
     group, settings, layout = plan["group"], plan["settings"], plan["layout"]
     t0 = time.time()
     prompts_all, codes, made = _grids(model, cfg, plan, grids, grid_prompts, heldout_grids, log)
     t_gen = time.time() - t0
-    if heldout_grids is None:
-        n_held = max(1, min(cfg.heldout, len(prompts_all) - 1))
+    if heldout_grids is None:  # _prepare made sure the grids hold cfg.heldout of them and at least one more
+        n_held = cfg.heldout
         held_prompts, held_codes = prompts_all[-n_held:], codes[-n_held:]
         prompts_all, codes = prompts_all[:-n_held], codes[:-n_held]
     else:
@@ -87,8 +92,8 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     identity = {"config": cfg.run_identity(), "settings": data.settings_record(settings),
                 "model": data.model_identity(model),
                 "data": {"grids": len(prompts_all), "codes": data.codes_digest(codes), "heldout": n_held}}
-    step, t1 = _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, held, identity,
-                                out_path, resume, log)
+    step, t1, kept = _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, held, identity,
+                               out_path, resume, log)
     heads = heads.eval()
     report = {"samples": len(prompts_all), "heldout": n_held, "epochs": cfg.epochs, "steps": step,
               "batch_grids": cfg.batch_grids, "unroll": cfg.unroll, "kl_weight": cfg.kl_weight, "lr": cfg.lr,
@@ -101,7 +106,7 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     if not group.is_main:
         return heads, report
     report.update(agreement(model, heads, held[0], held[1], layout))
-    report.update(heads_acceptance(model, heads, held[0], held[1], layout, settings, h_stale=held[2]))
+    report.update(_scores(model, heads, held, layout, settings, cfg, step, kept))
     log(acceptance_lines(report))
     heads.extra.update({k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in report.items()})
     write_or_keep(out_path, heads.save, "--out")  # a failed write keeps the heads in the temp folder
@@ -109,7 +114,8 @@ def train_heads(model, out_path, cfg: TrainConfig, settings: SamplerSettings | N
     return heads, report
 
 
-def _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prompts, shards, resume, group) -> dict:
+def _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prompts, shards, resume, group,
+             heldout_grids=None) -> dict:
     """Every input checked (and the shards folder, the features file's room, the state to resume) before any
     grid is sampled: a long run is never lost to a bad path."""
     if grids is None and cfg.samples < 1:
@@ -133,16 +139,45 @@ def _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prom
         plan["texts"], plan["prompts_from"] = texts, name
     elif prompts is not None:
         raise SSDError("--prompts is for self-distilled grids: with --samples 0 only the --grids files are used")
+    n_train = _check_heldout(cfg, grids, heldout_grids)
     if resume:  # refused now, not after the grids and features, when the saved run is another
         if not state_path(out_path).is_file():
             raise SSDError(f"--resume: no saved run state {state_path(out_path)} (a run saves it every "
                            "--checkpoint-every steps and when stopped by SIGTERM or Ctrl-C): run without --resume")
         check_state(state_path(out_path), {"config": cfg.run_identity(), "settings": data.settings_record(settings),
-                                           "model": data.model_identity(model)})
+                                           "model": data.model_identity(model)}, run_steps(n_train, cfg))
+        with torch.random.fork_rng(devices=[]):  # heads of this run's shapes, to check the saved ones against
+            template = start_heads(model, cfg)
+        _state_tensors(state_path(out_path), template, _optimiser(template, cfg))
     if features is not None:
         n = (0 if grids is None else len(grids)) + cfg.samples
         feature_sources.check_room(features, n, 2 if settings.guided else 1, layout.num_slots, model.hidden_size)
     return plan
+
+
+def _check_heldout(cfg, grids, heldout_grids) -> int:
+    """The held-out grids as asked, or one SSDError line (never fewer held out than asked, never none trained
+    on); returns how many grids the heads train on (fewer with --features and --until)."""
+    given = 0 if grids is None else len(grids)
+    if heldout_grids is not None:
+        if len(heldout_grids[0]) < 1:
+            raise SSDError("train-heads heldout_grids holds no grids: give at least one to score the heads on")
+        return given + cfg.samples
+    if cfg.heldout < 1:
+        raise SSDError("train-heads heldout 0: the heads are scored on held-out grids: give --heldout 1 or more "
+                       "(e.g. 16), or --heldout-grids FILE")
+    if cfg.samples == 0 and cfg.heldout >= given:
+        raise SSDError(f"train-heads heldout {cfg.heldout}: the --grids files hold {given} grid(s), and the held-out "
+                       f"grids come from them with at least one left to train on: give --heldout {max(1, given - 1)} "
+                       "or less, more grids, --samples N (self-distilled grids, held out from those), or "
+                       "--heldout-grids FILE")
+    return given + cfg.samples if cfg.samples else given - cfg.heldout  # self-distilled: held out from those
+
+
+def run_steps(n: int, cfg) -> int:
+    """Optimiser steps of a run on n grids: every epoch's batches, at most cfg.max_steps."""
+    per_epoch = max(1, math.ceil(n / cfg.batch_grids))
+    return per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
 
 
 def _grids(model, cfg, plan, grids, grid_prompts, heldout_grids, log) -> tuple[list, torch.Tensor, dict]:
@@ -165,22 +200,22 @@ def _grids(model, cfg, plan, grids, grid_prompts, heldout_grids, log) -> tuple[l
 
 
 def _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, held, identity, out_path, resume,
-              log) -> tuple[int, float]:
-    """The steps: each process takes its share of every batch; returns (steps done, their start time)."""
-    learning = [p for name, p in heads.named_parameters()
-                if cfg.train == "both" or name.startswith(cfg.train + ".")]  # the other head stays as it starts
-    opt = torch.optim.AdamW(learning, lr=cfg.lr, weight_decay=0.0)
+              log) -> tuple[int, float, Path | None]:
+    """The steps: each process takes its share of every batch; returns (steps done, their start time, the last
+    checkpoint's heads file or None). A loss that turns NaN or infinite stops the run there (SSDError)."""
+    opt = _optimiser(heads, cfg)
+    learning = opt.param_groups[0]["params"]
     n = len(source)
     per_epoch = max(1, math.ceil(n / cfg.batch_grids))
-    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+    total = run_steps(n, cfg)
     step = 0
     if resume:
-        step = load_state(state_path(out_path), heads, opt, identity)
+        step = load_state(state_path(out_path), heads, opt, identity, total)
         log(f"resumed at step {step} of {total} from {state_path(out_path)}")
     stop = Stop()
     t1 = time.time()
     sums: dict[str, float] = {}
-    count, orders = 0, {}
+    count, orders, kept = 0, {}, None
     try:
         while step < total:
             epoch, b = divmod(step, per_epoch)
@@ -202,6 +237,7 @@ def _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, h
             idx = orders[epoch][b * cfg.batch_grids:(b + 1) * cfg.batch_grids].tolist()
             mine = idx[group.rank::group.world]
             opt.zero_grad()
+            losses, values, h = {}, {}, None
             if mine:
                 h, ids = source.batch(mine)
                 stale = None
@@ -209,9 +245,14 @@ def _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, h
                     stale = data.stale_features(model, [prompts_all[i] for i in mine], h, ids, settings, layout,
                                                 cfg.stale_share, len(mine), cfg.seed * 1_000_003 + step)[0]
                 losses = head_losses(model, heads, h, ids, layout, cfg, settings, stale)
+                values = {k: v.item() for k, v in losses.items()}
+            bad = next(((k, v) for k, v in values.items() if not math.isfinite(v)), None)
+            if group.agree([0.0 if bad is None else 1.0])[0]:  # every process stops at the same step
+                raise SSDError(_diverged(step + 1, total, bad, lr, cfg, kept, h))
+            if losses:
                 sum(losses.values()).backward()
-                for k, v in losses.items():
-                    sums[k] = sums.get(k, 0.0) + v.item()
+                for k, v in values.items():
+                    sums[k] = sums.get(k, 0.0) + v
             group.average_gradients(learning, len(mine) / len(idx))
             opt.step()
             step += 1
@@ -221,12 +262,49 @@ def _optimise(model, heads, cfg, settings, layout, source, prompts_all, group, h
                     + ", ".join(f"{k} {v / max(count, 1):.4f}" for k, v in sums.items()))
                 sums, count = {}, 0
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and group.is_main:
-                checkpoint(model, heads, out_path, step, step * cfg.batch_grids, held, layout, settings,
-                           time.time() - t1, log)
+                kept = checkpoint(model, heads, out_path, step, step * cfg.batch_grids, held, layout, settings,
+                                  time.time() - t1, cfg, kept, log) or kept
                 save_state(state_path(out_path), heads, opt, step, identity, log)
     finally:
         stop.restore()
-    return step, t1
+    return step, t1, kept
+
+
+def _optimiser(heads, cfg) -> torch.optim.AdamW:
+    """AdamW over the heads that learn (cfg.train; the other head stays as it starts)."""
+    learning = [p for name, p in heads.named_parameters() if cfg.train == "both" or name.startswith(cfg.train + ".")]
+    return torch.optim.AdamW(learning, lr=cfg.lr, weight_decay=0.0)
+
+
+def _diverged(step: int, total: int, bad, lr: float, cfg, kept, h) -> str:
+    """The one line of a run stopped by a NaN / infinite loss at `step`: where, why and what to do."""
+    if h is not None and bad is not None and not bool(torch.isfinite(h).all()):
+        return (f"the base model's features of the grids of step {step} are NaN or infinite, so the heads cannot "
+                "learn from them: load the model with --dtype fp32 (fp16 overflows on some models); if that does "
+                "not help, its weights are damaged: re-download them")
+    what = f"the {bad[0]} loss is {bad[1]}" if bad is not None else "another process's loss is NaN or infinite"
+    return (f"training diverged at step {step} of {total}: {what} (learning rate {lr:.3g} there, --lr {cfg.lr:g}); "
+            f"stopped: train again with a lower --lr, e.g. {cfg.lr / 10:g}" + _kept_line(kept))
+
+
+def _kept_line(kept) -> str:
+    if kept is None:
+        return "; no heads were written (--checkpoint-every N keeps the heads every N steps)"
+    return f"; the last checkpoint's heads are kept in {kept}"
+
+
+def _scores(model, heads, held, layout, settings, cfg, step: int, kept) -> dict:
+    """heads_acceptance on the held-out grids; NaN or infinite drafts there (the model's own logits of those
+    grids are finite: they were scored when the run started) mean the training diverged: one SSDError line."""
+    h_held, ids_held, stale_held = held
+    try:
+        return heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
+    except SSDError as err:  # sampling.check_finite's line (it blames the model: it cannot tell the drafts' source)
+        if "NaN or infinite" not in str(err):
+            raise
+        raise SSDError(f"training diverged by step {step}: the heads give NaN or infinite drafts on the held-out "
+                       f"grids; stopped: train again with a lower --lr than {cfg.lr:g}, e.g. {cfg.lr / 10:g}"
+                       + _kept_line(kept)) from None
 
 
 def head_losses(model, heads: DraftHeads, h: torch.Tensor, ids: torch.Tensor, layout: Layout, cfg: TrainConfig,
@@ -381,41 +459,90 @@ def save_state(path: Path, heads: DraftHeads, opt, step: int, identity: dict, lo
         log(f"warning: {err}")
 
 
-def _read_state(path: Path, tensors: bool = True) -> tuple[dict, dict]:
+def _read_state(path: Path) -> dict:
+    """The saved run's metadata: its step (a whole number >= 0) and identity (a JSON object of objects), each
+    checked; else one SSDError line."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-            out = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     except Exception as err:
         raise SSDError(f"--resume: {path} is not a readable run state ({' '.join(str(err).split())[:60]}): run "
                        "without --resume to start again") from None
     if meta.get("format") != STATE_FORMAT:
         raise SSDError(f"--resume: {path} is not a train-heads run state: run without --resume to start again")
-    return meta, out
+    what, fix = f"--resume: {path}", f"the file is damaged: {START_AGAIN}"
+    step = data.meta_number(meta, "step", what, fix)
+    text = str(meta.get("identity", "null"))
+    identity = data.json_of_kind(data.parse_json(text, f"{what}: its identity", fix, MAX_IDENTITY_CHARS), dict,
+                                 f"{what}: its identity", fix)
+    for part, value in identity.items():
+        data.json_of_kind(value, dict, f"{what}: its identity's {shown(part, 30)}", fix)
+    return {"step": step, "identity": identity}
 
 
-def check_state(path: Path, identity: dict) -> dict:
-    """The saved run's metadata, when it was saved by this run (the parts of `identity` given); else one
-    SSDError naming what differs."""
-    meta, _ = _read_state(path, tensors=False)
-    stored = json.loads(meta["identity"])
+def check_state(path: Path, identity: dict, total: int | None = None) -> dict:
+    """The saved run's metadata (step, identity), when it was saved by this run (the parts of `identity` given)
+    at a step within its `total` steps; else one SSDError naming what differs."""
+    meta = _read_state(path)
+    stored = meta["identity"]
     diff = []
     for part in identity:
         keys = data.IDENTITY_CHECKED if part == "model" else None
-        diff += [f"{part} {d}" for d in data.differences(stored.get(part) or {}, identity[part], keys)]
+        diff += [f"{part} {d}" for d in data.differences(stored.get(part, {}), identity[part], keys)]
     if diff:
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise SSDError(f"--resume: {path} was saved by another run: {'; '.join(diff[:3])}{more}; run with the "
                        "settings it was saved with, or without --resume to start again")
+    if total is not None and meta["step"] > total:
+        raise SSDError(f"--resume: {path} says step {meta['step']:,}, past the {total} steps of this run: the file "
+                       f"is damaged; {START_AGAIN}")
     return meta
 
 
-def load_state(path: Path, heads: DraftHeads, opt, identity: dict) -> int:
-    """Restore a saved run into heads and opt; returns its step. A state of another run is refused by name."""
-    meta = check_state(path, identity)
-    _, tensors = _read_state(path)
+def _state_tensors(path: Path, heads: DraftHeads, opt) -> dict:
+    """The saved heads and Adam moments, each checked against this run's heads before it is read (its name,
+    float dtype and shape), then read and checked finite (second moments >= 0); else one SSDError line."""
+    from safetensors import safe_open
+
+    params = opt.param_groups[0]["params"]
+    want = {"heads." + k: tuple(v.shape) for k, v in heads.state_dict().items()}
+    want.update({f"opt.{i}.{name}": () if name == "step" else tuple(p.shape) for i, p in enumerate(params)
+                 for name in ADAM_STATE})
+    what, fix = f"--resume: {path}", f"the file is damaged or was saved for other heads: {START_AGAIN}"
+    out = {}
+    with safe_open(str(path), "pt") as f:
+        keys = set(f.keys())
+        missing = sorted(k for k in want if k.startswith("heads.") and k not in keys)
+        unknown = sorted(keys - set(want))
+        if missing or unknown:
+            name = missing[0] if missing else unknown[0]
+            raise SSDError(f"{what} {'lacks' if missing else 'holds an unknown tensor'} {shown(name, 50)} "
+                           f"({len(missing)} missing, {len(unknown)} unknown); {fix}")
+        for key in sorted(keys):
+            part = f.get_slice(key)
+            shape = tuple(part.get_shape())
+            if part.get_dtype() not in FLOAT_DTYPES or shape != want[key]:
+                raise SSDError(f"{what}: {key} is {part.get_dtype()} {list(shape)}, not a float tensor "
+                               f"{list(want[key])}; {fix}")
+            out[key] = f.get_tensor(key)
+    for i in range(len(params)):
+        have = [name for name in ADAM_STATE if f"opt.{i}.{name}" in out]
+        if have and len(have) < len(ADAM_STATE):
+            raise SSDError(f"{what}: Adam's state of parameter {i} has {', '.join(have)} only, not "
+                           f"{', '.join(ADAM_STATE)}; {fix}")
+    for key, value in out.items():
+        if not bool(torch.isfinite(value).all()) or (key.endswith(("exp_avg_sq", ".step")) and bool((value < 0).any())):
+            raise SSDError(f"{what}: {key} holds NaN, infinite or negative values; {fix}")
+    return out
+
+
+def load_state(path: Path, heads: DraftHeads, opt, identity: dict, total: int | None = None) -> int:
+    """Restore a saved run into heads and opt; returns its step. A state of another run, or one whose step,
+    names, shapes or values do not fit this run, is refused by name before anything is loaded."""
+    meta = check_state(path, identity, total)
+    tensors = _state_tensors(path, heads, opt)
     heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")})
     state = opt.state_dict()
     for key, v in tensors.items():
@@ -423,7 +550,7 @@ def load_state(path: Path, heads: DraftHeads, opt, identity: dict) -> int:
             _, i, name = key.split(".", 2)
             state["state"].setdefault(int(i), {})[name] = v
     opt.load_state_dict(state)
-    return int(meta["step"])
+    return meta["step"]
 
 
 class Stop:
@@ -448,20 +575,23 @@ class Stop:
 
 
 @torch.no_grad()
-def checkpoint(model, heads, out_path, step, seen, held, layout, settings, elapsed, log=print) -> None:
+def checkpoint(model, heads, out_path, step, seen, held, layout, settings, elapsed, cfg, kept=None,
+               log=print) -> Path | None:
     """Mid-run: the held-out expected acceptance (also on stale Hv inputs) and the heads so far, saved beside
-    out_path as *.step{N}.safetensors."""
-    h_held, ids_held, stale_held = held
+    out_path as *.step{N}.safetensors; returns that file (None when its write failed). Heads whose drafts are
+    NaN or infinite are never saved: the run stops (SSDError, naming `kept`, the last checkpoint)."""
     heads.eval()
-    a = heads_acceptance(model, heads, h_held, ids_held, layout, settings, h_stale=stale_held)
+    a = _scores(model, heads, held, layout, settings, cfg, step, kept)
     log(f"checkpoint step {step} ({seen} grids seen, {elapsed:.0f} s): expected {a['expected_acceptance']} "
         f"(stale {a['expected_acceptance_stale']}), Hh row0 {a['horizontal_row0_expected']}, "
         f"Hv {a['vertical_expected']} (stale {a['vertical_stale_expected']})")
+    path = None
     try:  # a failed checkpoint is said (and kept beside); the training goes on
-        write_or_keep(Path(out_path).with_suffix(f".step{step}.safetensors"), heads.save, "checkpoint")
+        path = write_or_keep(Path(out_path).with_suffix(f".step{step}.safetensors"), heads.save, "checkpoint")
     except SSDError as err:
         log(f"warning: {err}")
     heads.train()
+    return path
 
 
 def acceptance_lines(report: dict) -> str:

@@ -16,7 +16,9 @@ import json
 import random
 from pathlib import Path
 
-from ..errors import SSDError
+from ..errors import SSDError, shown
+from ..model_files import check_path
+from .data import parse_json
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "prompts"
 DEFAULT_PROMPTS = DATA / "PartiPrompts.tsv"
@@ -31,6 +33,7 @@ def read_prompts(path, column: str | None = None) -> list[str]:
     """The prompts of a file, by its extension: .txt (one a line; blank lines skipped), .jsonl (one JSON
     object a line, the prompt under `column`, default 'prompt'; or one JSON string a line), .csv / .tsv (a
     header row; the prompts in `column`, default 'prompt', matched without regard to case)."""
+    check_path(path, "--prompts")
     path = Path(path)
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
@@ -73,14 +76,11 @@ def _jsonl(path: Path, text: str, column: str) -> list[tuple[int, str]]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except ValueError as err:
-            raise SSDError(f"--prompts {path}, line {n}: not JSON ({str(err).split(':')[0]}); a .jsonl file holds one "
-                           "JSON object (or string) a line") from None
+        value = parse_json(line, f"--prompts {path}, line {n}", "a .jsonl file holds one JSON object (or string) a "
+                           "line")
         if isinstance(value, dict):
             if column not in value:
-                keys = ", ".join(list(value)[:6])
+                keys = ", ".join(shown(k, 30) for k in list(value)[:6])
                 raise SSDError(f"--prompts {path}, line {n}: no key {column!r} (it has {keys}): name the prompts' key "
                                "with --prompt-column")
             value = value[column]

@@ -1,15 +1,20 @@
 """`train-heads --push-to-hub REPO`: the trained heads file and a model card, in one commit to a Hugging Face
-model repo. Only when asked, and only with a token (`huggingface-cli login`, or HF_TOKEN); checked before the
-run starts. The Load SSD Heads node downloads them again (hub_repo REPO, hub_file heads.safetensors)."""
+model repo. Only when asked, and only with a token (`huggingface-cli login`, or HF_TOKEN).
+
+Checked before the run starts, without the network: the repo id's form (owner/name), that huggingface_hub is
+installed, that a token is found, and the --bench-json file. Not checked until the push, after training (they
+need the network): that the token is valid and may write to the repo. A push that fails keeps the heads file
+and says how to upload it. The Load SSD Heads node downloads them again (hub_repo REPO, hub_file
+heads.safetensors)."""
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-from ..errors import SSDError
+from ..errors import SSDError, shown
+from . import data
 
 HUB_FILE = "heads.safetensors"
+MAX_BENCH_ROWS = 1000  # rows of a bench file in the model card (bench writes one a decoder)
 
 
 def _token() -> str | None:
@@ -24,7 +29,8 @@ def _token() -> str | None:
 
 
 def check(repo_id) -> str:
-    """The repo id (owner/name) and a token to push with; refused before any training."""
+    """The repo id (owner/name) and a token to push with, refused before any training; offline: whether the
+    token may write to the repo is known only when pushing."""
     from ..hub import hub_repo_id
 
     repo = hub_repo_id(repo_id)
@@ -33,25 +39,32 @@ def check(repo_id) -> str:
     except ImportError:
         raise SSDError("--push-to-hub needs the huggingface_hub package (pip install huggingface_hub)") from None
     if not _token():
-        raise SSDError(f"--push-to-hub {repo} needs a Hugging Face token with write access: run `huggingface-cli "
-                       "login` or set HF_TOKEN, then start again (nothing was trained)")
+        raise SSDError(f"--push-to-hub {repo} needs a Hugging Face token with write access and none was found: run "
+                       "`huggingface-cli login` or set HF_TOKEN, then start again (nothing was trained)")
     return repo
 
 
 def read_bench(path) -> dict:
-    """A `bench --json` file (its rows go into the model card)."""
-    try:
-        bench = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise SSDError(f"--bench-json {path} is not a readable JSON file ({err}): give the file `bench --json` "
-                       "wrote") from None
-    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
-        raise SSDError(f"--bench-json {path} has no 'rows': give the file `bench --json FILE` wrote")
+    """A `bench --json` file (its rows go into the model card): a JSON object of sane size and depth whose
+    'rows' are objects (data.read_json_file); anything else one SSDError line before the run."""
+    fix = "give the file `bench --json FILE` wrote"
+    bench = data.read_json_file(path, "--bench-json", fix)
+    rows = bench.get("rows")
+    if not isinstance(rows, list):
+        raise SSDError(f"--bench-json {path} has no 'rows' list: {fix}")
+    if len(rows) > MAX_BENCH_ROWS:
+        raise SSDError(f"--bench-json {path} has {len(rows):,} rows, more than the {MAX_BENCH_ROWS} of a model card "
+                       f"(one a decoder): {fix}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SSDError(f"--bench-json {path}: row {i} is {shown(row)}, not an object (decoder, steps, ...): {fix}")
     return bench
 
 
 def _fmt(value) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+    """A table cell: a float to 3 places; anything else as text on one line, without the table's '|', cut."""
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return " ".join(text.replace("|", "/").split())[:80]
 
 
 def model_card(repo_id: str, report: dict, bench: dict | None = None, base_repo: str | None = None) -> str:
