@@ -10,14 +10,20 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import DECODERS, NO_HEADS, DecoderParams, bench_variant, needs_heads, uses_heads
-from .errors import SSDError
+from .decoders import (DECODERS, DRAFT_ROWS, NO_HEADS, ROWS_AT, DecoderParams, bench_variant, needs_heads, spec,
+                       uses_heads)
+from .errors import SSDError, shown
+from .limits import whole_number
+from .sampling import SEEDS, check_seed
 from .outputs import check_output, check_output_dir, write_or_keep
 from .trace import finite_or_none, status_image
 from .yardstick import bench_rows, for_model
 
 
 SAMPLER_KEYS = ("seed", "cfg", "temperature", "top_k", "top_p", "min_p")
+MAX_IMAGES = 10_000  # a bench's images at most: every row's results stay in memory until the report
+ROWS_DECODERS = tuple(d for d in DECODERS if "draft_rows" in spec(d).params)  # the ones NAME@N fits: ssd, ssd-exact
+NOHEADS_DECODERS = tuple(d for d in DECODERS if uses_heads(d) and not needs_heads(d))  # NAME:noheads: ssd-exact
 
 
 @dataclass
@@ -71,6 +77,46 @@ def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
     return out
 
 
+def check_decoders(names) -> None:
+    """Every bench decoder name can run (check_decoder), and none comes twice; one SSDError line otherwise."""
+    seen = set()
+    for name in names:
+        check_decoder(name)
+        if name in seen:
+            raise SSDError(f"--decoders names {shown(name)} twice: give each decoder once")
+        seen.add(name)
+
+
+def check_decoder(name) -> None:
+    """A bench decoder name: a decoder, then '@N' (ASCII digits within DRAFT_ROWS' limits) only for one with
+    draft rows, then ':noheads' only for one that drafts with heads but runs without them."""
+    if not isinstance(name, str):
+        raise SSDError(f"a bench decoder name must be a string, e.g. ssd-exact@3, got {shown(name)}")
+    base, at, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
+    spec(base)
+    if name.endswith(NO_HEADS) and base not in NOHEADS_DECODERS:
+        raise SSDError(f"bench decoder {shown(name)}: {NO_HEADS} is only for {', '.join(NOHEADS_DECODERS)} (it "
+                       f"drafts with heads and runs without them); {base} runs as it is: drop {NO_HEADS}")
+    if at and base not in ROWS_DECODERS:
+        raise SSDError(f"bench decoder {shown(name)}: {ROWS_AT}N draft rows are only for {', '.join(ROWS_DECODERS)}; "
+                       f"{base} has no draft rows: drop {ROWS_AT}{shown(rows, 12)[1:-1]}")
+    if at and not (rows.isascii() and rows.isdigit() and len(rows) <= 3 and DRAFT_ROWS.low <= int(rows) <= DRAFT_ROWS.high):
+        raise SSDError(f"the draft rows of bench decoder {shown(name)} must be ASCII digits from {DRAFT_ROWS.low} "
+                       f"to {DRAFT_ROWS.high} after the {ROWS_AT}, e.g. {base}{ROWS_AT}3")
+
+
+def check_images(n) -> int:
+    """A bench's image count: 1 .. MAX_IMAGES."""
+    return whole_number("--images", n, 1, MAX_IMAGES, " (a bench keeps every image's results in memory)")
+
+
+def check_options(o: BenchOptions) -> None:
+    """The decoders, image count and seed of a bench, before any image runs."""
+    check_images(o.images)
+    check_seed(o.seed)
+    check_decoders(o.decoders)
+
+
 def prompts_for(model, n: int, given) -> list:
     if given is not None:
         return [given] * n
@@ -95,10 +141,13 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
         raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
+    check_options(o)
     check_outputs(o)  # before the first image: a bad path never costs the run
     variants = _variants(o)
+    for label, decoder, params in variants:  # a row that needs heads without them: refused before any image
+        _row_call(heads, o, label, decoder, params)
     prompts = prompts_for(model, o.images, o.prompt)
-    seeds = [o.seed + i for i in range(o.images)]
+    seeds = [(o.seed + i) % SEEDS for i in range(o.images)]  # wrapped past 2^64 - 1, as generate_batch's
     stick = for_model(model)  # the image-quality yardstick (class accuracy, FD), bundled model only
     results = run_singles(model, heads, o, variants, prompts, seeds, bool(o.out_dir) or stick is not None, log, on_step)
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
@@ -158,20 +207,26 @@ def row_figures(label: str, decoder: str, runs: list, ar: list, batched: list | 
         "decoder": label, "steps": statistics.median(steps),
         "step_ratio": round(statistics.median([a / max(s, 1) for a, s in zip(ar_steps, steps)]), 3),
         "wall_ratio": round(statistics.median([a / max(w, 1e-9) for a, w in zip(ar_walls, walls)]), 3),
-        "wall_s": round(statistics.median(walls), 4), "nll": finite_or_none(round(statistics.median(nlls), 4)),
-        "nll_gap": finite_or_none(round((statistics.median(nlls) - ar_nll) / ar_nll, 4)),  # of the medians
+        "wall_s": round(statistics.median(walls), 4),
+        "nll": finite_or_none(round(statistics.median(nlls), 4) + 0.0),  # + 0.0: 0.0, not -0.0 (top-k 1)
+        "nll_gap": _gap(statistics.median(nlls), ar_nll),  # of the medians
         "identical_to_ar": exactness,
         # the share of cells with ar's token (1 for an exact decoder in fp32; bf16 rounding can move a few)
         "same_cells_as_ar": round(statistics.mean([float((r.tokens == a.tokens).float().mean()) for r, a in zip(runs, ar)]), 4),
         **ops,
         "nll_full": round(statistics.median(fulls), 4),
-        "nll_full_gap": round((statistics.median(fulls) - ar_full) / ar_full, 4),
+        "nll_full_gap": _gap(statistics.median(fulls), ar_full),
         "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
         "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
         # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
         "policy_share": round(statistics.median([r.trace.timings["policy"] / r.trace.timings["wall"] for r in runs]), 4),
         **round0_acceptance(runs), "params": {k: v for k, v in runs[0].trace.settings.items() if k not in SAMPLER_KEYS},
     }
+
+
+def _gap(value: float, ar: float) -> float | None:
+    """(value - ar) / ar, rounded; None where it is not a number (ar's nll 0, e.g. top-k 1, or not finite)."""
+    return finite_or_none(round((value - ar) / ar, 4)) if ar != 0 else None
 
 
 def write_outputs(report: dict, results: dict, variants, o: BenchOptions, log=print) -> None:
@@ -274,7 +329,7 @@ def print_table(report: dict, log=print) -> None:
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
-            f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100):>8}%{r['nll_full']:>9.4f}{r['nll_full_gap'] * 100:>8.2f}%"
+            f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100, 'inf' if r['nll'] is None else '-'):>8}%{r['nll_full']:>9.4f}{_num(r['nll_full_gap'], 100, '-'):>8}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
             f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
             f"{_rows(r.get('params', {})):>6}"

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from .decoders import DECODERS, PARAMS, VERIFY_ROUNDS, DecoderParams, bench_variant, needs_heads, spec
+from .bench import MAX_IMAGES, NOHEADS_DECODERS, ROWS_DECODERS, check_decoders, check_images
+from .decoders import DECODERS, DRAFT_ROWS, PARAMS, VERIFY_ROUNDS, DecoderParams, needs_heads, spec
 from .errors import SSDError
 from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
@@ -46,12 +47,11 @@ def validate(args) -> None:
         check_output(args.status_image, "--status-image", image_extensions())
         check_output(args.trace, "--trace", {".json"})
     elif args.command == "bench":
-        _positive(args, "--images")
+        check_images(args.images)
         _positive(args, "--batch", 0)
-        if args.decoders is not None:
+        if args.decoders is not None:  # "ssd-exact@3:noheads": that decoder at 3 rows without the loaded heads
             args.decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
-            for name in args.decoders:  # "ssd-exact@3:noheads": that decoder at 3 rows without the loaded heads
-                spec(bench_variant(name)[0])
+            check_decoders(args.decoders)
         args.ssd_rounds = _whole_list(args.ssd_rounds, "--ssd-rounds", VERIFY_ROUNDS, "0,1,2")
         args.ssd_adaptive = _whole_list(args.ssd_adaptive, "--ssd-adaptive", PARAMS["adaptive_percent"], "5,15")
         args.ssd_first_row = _whole_list(args.ssd_first_row, "--ssd-first-row", PARAMS["stable_first_row"], "1,2")
@@ -113,7 +113,7 @@ def _suffix_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from . import load_heads, load_model
+    from . import list_bundled, load_heads, load_model
     from .api import check_negative_prompt
 
     model = load_model(args.model, args.dtype, args.device, quantization=args.quantization, offload=args.offload,
@@ -122,10 +122,10 @@ def _load(args):
     heads_name = getattr(args, "heads", "none")
     if heads_name in (None, "none"):
         return model, None
-    if heads_name == "auto":
-        heads_name = "reference" if args.model == "reference" else "none"
-        if heads_name == "none":
+    if heads_name == "auto":  # a bundled model's own heads; none for any other model
+        if args.model not in list_bundled()["heads"]:
             return model, None
+        heads_name = args.model
     return model, load_heads(heads_name, model)
 
 
@@ -218,10 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+HEADS_HELP = ("heads file, a bundled model's name ('reference', 'reference-48') or 'none'; auto (default): "
+              "a bundled model's own heads, none for any other model")
+
+
 def _generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate one image")
     _sampler_flags(g)
-    g.add_argument("--heads", default="auto", help="heads file, 'reference', or 'none'")
+    g.add_argument("--heads", default="auto", help=HEADS_HELP)
     _suffix_flag(g)
     g.add_argument("--decoder", default="ssd-exact", choices=list(DECODERS),
                    help="ssd-exact (default): the image of ar for the seed in fewer steps, heads or not (fp32: "
@@ -244,12 +248,14 @@ def _train_parser(sub) -> None:
 def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
-    b.add_argument("--heads", default="auto")
+    b.add_argument("--heads", default="auto", help=HEADS_HELP)
     _suffix_flag(b)
-    b.add_argument("--decoders", default=None, help="comma list (default: every decoder the heads allow); "
-                   "NAME:noheads runs a decoder without the loaded heads, NAME@N at N draft rows, e.g. "
+    b.add_argument("--decoders", default=None, help="comma list, each decoder once (default: every decoder the "
+                   f"heads allow); NAME@N runs {' or '.join(ROWS_DECODERS)} at N draft rows ({DRAFT_ROWS.low}.."
+                   f"{DRAFT_ROWS.high}), NAME:noheads {' or '.join(NOHEADS_DECODERS)} without the loaded heads, e.g. "
                    "ssd-exact,ssd-exact@3,ssd-exact@3:noheads")
-    b.add_argument("--images", type=int, default=4)
+    b.add_argument("--images", type=int, default=4, help=f"images per decoder, 1 to {MAX_IMAGES} (every result "
+                   "stays in memory until the report); default 4")
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
