@@ -16,7 +16,7 @@ from .errors import SSDError, shown
 from .limits import whole_number
 from .sampling import SEEDS, check_seed
 from .outputs import check_output, check_output_dir, write_or_keep
-from .trace import finite_or_none, status_image
+from .trace import finite_or_none, json_safe, status_image
 from .yardstick import bench_rows, for_model
 
 
@@ -240,7 +240,7 @@ def write_outputs(report: dict, results: dict, variants, o: BenchOptions, log=pr
     if o.out_dir:
         write_pngs(results, variants, Path(o.out_dir), log, failed)
     if o.json:
-        text = json.dumps(report, indent=1)
+        text = json.dumps(json_safe(report), indent=1, allow_nan=False)  # strict JSON: no Infinity / NaN
         _keep(o.json, lambda p: (Path(p).parent.mkdir(parents=True, exist_ok=True), Path(p).write_text(text)), "--json",
               failed, log)
     if failed:

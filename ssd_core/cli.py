@@ -11,6 +11,7 @@ from .decoders import DECODERS, DRAFT_ROWS, PARAMS, VERIFY_ROUNDS, DecoderParams
 from .errors import SSDError
 from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
+from .model_files import check_path
 from .outputs import WRITTEN, check_output, check_output_dir, write_or_keep
 from .static_cache import MODES
 from .grid_text import parse_grid
@@ -37,6 +38,8 @@ def validate(args) -> None:
     from .sampling import settings_from
 
     check_device(args.device)
+    for flag in ("model", "heads"):  # a NUL or a name no file system takes: refused before the model loads
+        check_path(getattr(args, flag, None), "--" + flag)
     settings_from({}, args.seed, cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   min_p=args.min_p)
     args.params = DecoderParams.read(args, shown=lambda name: "--" + name.replace("_", "-"))

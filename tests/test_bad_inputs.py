@@ -758,7 +758,7 @@ CLI_CASES = [  # (case, argv with {model} {heads} {tmp} {vqckpt}, words)
     ("negative prompt", "generate --model {model} --heads none --decoder ar --negative-prompt blurry",
      ["takes no negative prompt"]),
     ("class out of range", "generate --model {model} --heads none --decoder ar --class 99", ["class 99 is out of range"]),
-    ("bench images 0", "bench --model {model} --heads {heads} --images 0", ["--images must be at least 1"]),
+    ("bench images 0", "bench --model {model} --heads {heads} --images 0", ["--images must be a whole number from 1 to 10000"]),
     ("bench rounds a", "bench --model {model} --heads {heads} --ssd-rounds a", ["--ssd-rounds 'a' is not a comma list"]),
     ("bench rounds 9", "bench --model {model} --heads {heads} --ssd-rounds 0,9", ["--ssd-rounds must be a whole number from 0 to 8"]),
     ("bench decoders", "bench --model {model} --heads {heads} --decoders ar,medusa", ["unknown decoder 'medusa'"]),

@@ -142,3 +142,14 @@ def test_heads_auto_is_none_for_another_model(tmp_path, capsys):
     code = cli.main(["generate", "--model", str(folder), "--decoder", "ssd", "--grid", "4x4"])
     err = capsys.readouterr().err.strip().splitlines()  # the weights' progress bar, then the error
     assert code == 2 and "decoder 'ssd' drafts with SSD heads" in err[-1], err
+
+
+def test_the_bench_json_is_strict_json(tmp_path):
+    """A non-finite figure (an infinite NLL, a NaN ratio) is written as null, not Infinity / NaN, which a
+    browser's JSON.parse and strict readers refuse."""
+    out = tmp_path / "b.json"
+    report = {"rows": [{"decoder": "ar", "nll_full": float("inf"), "wall_ratio": float("nan"), "steps": 4}]}
+    bench.write_outputs(report, {}, [], BenchOptions(json=str(out)), log=lambda *a: None)
+    text = out.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text)["rows"][0] == {"decoder": "ar", "nll_full": None, "wall_ratio": None, "steps": 4}

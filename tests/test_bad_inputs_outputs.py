@@ -53,7 +53,8 @@ CLI_CASES = [  # (case, argv, words)
     ("out name", "generate --out {tmp}/" + LONG + ".png", ["--out", *TOO_LONG]),
     ("out folder", "generate --out {tmp}/" + LONG + "/x.png", ["--out", *TOO_LONG]),
     ("trace name", "generate --trace {tmp}/" + LONG + ".json", ["--trace", *TOO_LONG]),
-    ("model folder", "generate --model {tmp}/" + LONG, ["model folder", *TOO_LONG]),
+    ("model folder", "generate --model {tmp}/" + LONG, ["--model", *TOO_LONG]),
+    ("heads file", "generate --heads {tmp}/" + LONG + ".safetensors", ["--heads", *TOO_LONG]),
     ("out-dir", "bench --model reference --out-dir {tmp}/" + LONG, ["--out-dir", *TOO_LONG]),
     ("out NUL", "generate --out {tmp}/a\0b.png", ["--out", "holds a NUL character (\\x00)"]),
 ]
@@ -69,14 +70,11 @@ def test_cli_refuses_a_path_no_file_system_takes(tmp_path, capsys, no_work, case
         assert w in lines[0], lines[0]
 
 
-def test_cli_refuses_a_long_heads_path_before_sampling(tmp_path, capsys, monkeypatch):
-    """--heads is read once the model is loaded (the CLI's order); the path is refused before any sampling."""
-    import ssd_core.api as api
-
-    monkeypatch.setattr(api, "decode_batch", lambda *a, **k: pytest.fail("sampled before --heads was checked"))
+def test_cli_refuses_a_long_heads_path_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ssd_core, "load_model", lambda *a, **k: pytest.fail("the model loaded before --heads was checked"))
     code = cli.main(["generate", "--grid", "4x4", "--heads", str(tmp_path / (LONG + ".safetensors"))])
     lines = _err_lines(capsys)
-    assert code == 2 and len(lines) == 1 and "heads file" in lines[0] and "at most 255 bytes" in lines[0], lines
+    assert code == 2 and len(lines) == 1 and "--heads" in lines[0] and "at most 255 bytes" in lines[0], lines
 
 
 @pytest.mark.parametrize("call", ["load_model", "load_model NUL", "load_model download", "load_heads", "load_heads NUL",

@@ -35,7 +35,7 @@ def table(report: dict) -> str:
             name = name.format(picked=f"{n} row{'s' if n > 1 else ''} {'with' if p['heads_used'] else 'without'} heads")
         same = "yes" if r["identical_to_ar"] else f"no ({r['same_cells_as_ar'] * 100:.0f}% of cells)"
         out.append(f"| {name} | {r['steps']:g} | {r['step_ratio']:.1f}x | {r['wall_ratio']:.2f}x | "
-                   f"{r['nll_full_gap'] * 100:+.1f}% | {r['class_acc'] * 100:.0f}% | {same} |")
+                   f"{'-' if r['nll_full_gap'] is None else format(r['nll_full_gap'] * 100, '+.1f') + '%'} | {r['class_acc'] * 100:.0f}% | {same} |")
     grid = "x".join(str(v) for v in report["grid"])
     out.append("")
     out.append(f"The bundled model, {report['images']} images of {grid} tokens, medians (`make bench`; "
