@@ -4,7 +4,7 @@
 # make bench: the bench of record (every decoder at its defaults, ssd also with the paper's first-row rule; 16 images) into bench_out/.
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, bench-gpu, gpu-memory) into .work/gpu_check.json.
-# make test: the whole test suite (the command CI runs).
+# make test: the whole test suite (the command CI runs); make test-fast: its fast tier (about 2 minutes).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +12,7 @@ DEMO_IMAGES ?= 4
 DEMO_MODEL ?= reference
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-sizes bench-gpu test test-engine-457 heads weights-table gpu-memory gpu-check
+.PHONY: install demo bench bench-sizes bench-gpu test test-fast test-engine-457 heads weights-table gpu-memory gpu-check
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,16 +34,33 @@ bench-sizes: install
 bench-gpu: install
 	$(PY) -m tools.bench_gpu --json bench_gpu.json
 
+# TEST_WORKERS: pytest workers (each test file runs on one worker, so its fixtures load once). 0 (CI's) runs the
+# suite in one process: ~15 minutes on 2 cores; TEST_WORKERS=2 takes ~10 (one run of two has failed
+# test_released_janus_emu3's greedy test, which passes alone and in one process: an order dependence not yet
+# found, so CI stays at 0). test-fast uses FAST_WORKERS.
+TEST_WORKERS ?= 0
+FAST_WORKERS ?= 2
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	node --test tests/js/
+
+# the fast tier (about 2 minutes on 2 cores): ssd-exact == ar and every decoder on tiny models, the families and
+# their released layouts, the nodes, the workflows, the widget. tests/README.md maps each module to its tests.
+FAST_TESTS := engine_exact exact_without_heads batch batch_cache drafters reanchor acceptance decoder_params seeds \
+	errors family_janus family_emu3 family_lumina family_heads released_janus_emu3 released_lumina loading \
+	check_model calibrate calibration_cache heads_inputs heads_width vertical_shift hub_heads vqgan \
+	nodes_sampler nodes_declarations nodes_trace nodes_comfy_glue nodes_new_family bad_inputs_nodes \
+	bad_inputs_outputs workflows readme docs_links
+test-fast: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadfile $(FAST_TESTS:%=tests/test_%.py)
 	node --test tests/js/
 
 # the engine tests under transformers 4.57 (the other supported major version): the test files marked engine457
 # (`pytestmark = pytest.mark.engine457`; the marker is declared in pyproject.toml)
 test-engine-457:
 	$(PYTHON) -m venv .venv457
-	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis
-	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -m engine457 tests
+	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis pytest-xdist==3.8.0
+	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m engine457 tests
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
 # augmented copies each) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;

@@ -192,7 +192,7 @@ def test_sampler_batch_gives_an_image_batch_and_a_trace_per_image(ref, fake_comf
     with pytest.raises(ValueError, match="past the batch of 3"):
         nodes.SSDTraceToImage().render(traces, 4, "status", True, 3)
     with pytest.raises(core.SSDError, match="batch_size"):
-        run(ref, decoder="ar", grid=SMALL, batch_size=17)
+        run(ref, decoder="ar", grid=SMALL, batch_size=pack_module("ssd_core.api").MAX_BATCH + 1)
 
 
 def test_cancel_raises_comfy_interrupt_and_model_stays_usable(ref_model, fake_comfy):
