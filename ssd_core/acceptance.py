@@ -140,7 +140,7 @@ def check_rows(run) -> list[torch.Tensor]:
     if not run.checks:
         return []
     W, stride = run.layout.grid[1], run.layout.row_stride
-    col = (torch.tensor(run.image_slots) % stride).clamp(max=W - 1).float()
+    col = (torch.tensor(run.index.image_slots) % stride).clamp(max=W - 1).float()
     rejected = torch.cat([c[3].reshape(-1) for c in run.checks])
     mass = torch.cat([c[4].reshape(-1) for c in run.checks])
     values = torch.stack([(~rejected).float(), 1 - mass.float()]).cpu()  # one copy for the whole run

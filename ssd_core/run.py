@@ -16,6 +16,7 @@ from .exactness import near_ties
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
                        log_probs, not_finite_message, seeded_generator)
 from .session import KVSession, Layout
+from .slots import SlotIndex
 
 
 class Run:
@@ -30,23 +31,11 @@ class Run:
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
         self.session: KVSession | None = None  # the (batch's) KV cache, set by the engine
         dev = model.device
-        L = layout.num_slots
-        self.L, self.V = L, model.image_vocab_size
-        self.forced = (layout.forced >= 0).tolist()  # [L] Python bools (host layout, read once)
-        self.image_slots = [s for s in range(L) if not self.forced[s]]  # host: image slots in order
-        self.rank = [0] * (L + 1)  # host: image slots before each slot
-        self.next_image = [L] * (L + 1)  # host: the first image slot at or after each slot
-        for s in range(L):
-            self.rank[s + 1] = self.rank[s] + (not self.forced[s])
-        for s in range(L - 1, -1, -1):
-            self.next_image[s] = s if not self.forced[s] else self.next_image[s + 1]
-        self.slot_ids = torch.arange(L + 1, device=dev)  # [L+1] slot numbers (sliced, never copied from the host)
-        self.image_ids = self.slot_ids[:L][layout.forced.to(dev) < 0]  # [I] image slots
-        self.ids = layout.forced.to(dev, copy=True)  # [L] sequence ids; -1 = empty
-        self.id_of_code = model.code_to_id(torch.arange(self.V, device=dev))  # [V]
+        self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
+        L = ix.L
+        self.ids = ix.forced_ids.clone()  # [L] sequence ids; -1 = empty
         self.codes = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] image code per slot
         self.final = self.ids >= 0  # forced slots are final from the start
-        self.forced_mask = self.final.clone()  # [L] bool
         self.drafted = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] first draft code of a slot
         self.step_of = torch.zeros(L, dtype=torch.int32, device=dev)
         self.verified = torch.zeros(L, dtype=torch.int32, device=dev)  # forwards each slot has been fed in
@@ -55,7 +44,7 @@ class Run:
         self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
         self.end = 0  # window = [cached, end)
         self.start = 0  # the window's first slot in the step being decided
-        self.first_open = self.next_image[0]  # host: the first slot that is not final (L when done)
+        self.first_open = ix.next_image[0]  # host: the first slot that is not final (L when done)
         self.final_cells = 0  # host: image cells that are final
         self.fed_hi = 0  # host: every slot below it has been fed to the model at least once
         self.steps = 0
@@ -70,8 +59,8 @@ class Run:
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=dev)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
-        self.q = SlotTable(self.V, dev)  # per open slot: the distribution its token was drawn from
-        self.noise = SlotTable(self.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
+        self.q = SlotTable(self.index.V, dev)  # per open slot: the distribution its token was drawn from
+        self.noise = SlotTable(self.index.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
         self.checks: list = []  # per verification: (round, ranks a, b, [2, n] accepted and expected)
         self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest `logp`
         self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
@@ -83,7 +72,7 @@ class Run:
     def status(self) -> torch.Tensor:
         """[L] int8 status codes (trace.STATUSES), from the first drafts and the final tokens."""
         made = torch.where(self.drafted < 0, T.AR, torch.where(self.drafted == self.codes, T.ACCEPTED, T.CORRECTED))
-        return torch.where(self.forced_mask, T.FORCED, torch.where(self.final, made, T.PENDING)).to(torch.int8)
+        return torch.where(self.index.forced_mask, T.FORCED, torch.where(self.final, made, T.PENDING)).to(torch.int8)
 
     @property
     def round_of(self) -> torch.Tensor:
@@ -91,19 +80,23 @@ class Run:
         return torch.where(self.final, (self.value_seen - 1).clamp(min=0), 0).to(torch.int32)
 
     @property
+    def L(self) -> int:
+        """Slots of the layout (index.L)."""
+        return self.index.L
+
+    @property
+    def image_slots(self) -> list[int]:
+        """Host: the image slots in order (self.index.image_slots; kept for tests/tiny.py)."""
+        return self.index.image_slots
+
+    @property
     def done(self) -> bool:
         return self.first_open >= self.L
 
-    def is_image(self, slot: int) -> bool:
-        return 0 <= slot < self.L and not self.forced[slot]
-
     def open_span(self, lo: int, hi: int) -> tuple[int, int]:
         """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
-        return self.rank[min(max(lo, self.first_open), self.L)], self.rank[min(max(hi, lo), self.L)]
-
-    def slots(self, lo: int, hi: int) -> torch.Tensor:
-        """[hi - lo] the slot numbers lo..hi-1 on the device."""
-        return self.slot_ids[lo:hi]
+        before = self.index.images_before
+        return before[min(max(lo, self.first_open), self.L)], before[min(max(hi, lo), self.L)]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
@@ -168,7 +161,7 @@ class Run:
         """0-d: how many fed slots from `start` keep their keys."""
         k = 0 if self.fed is None else self.fed.numel()
         if k == 0:
-            return self.slot_ids[0]
+            return self.index.slot_ids[0]
         C = self.start
         ok = self.final[C:C + k] & (self.ids[C:C + k] == self.fed)
         if self.fed_visible is not None:  # no slot before them was hidden when fed
@@ -181,7 +174,7 @@ class Run:
         changed = self.codes[slots] != codes  # the round in which a slot took its current value
         self.value_seen[slots] = torch.where(changed, self.verified[slots], self.value_seen[slots])
         self.codes[slots] = codes
-        self.ids[slots] = self.id_of_code[codes]
+        self.ids[slots] = self.index.id_of_code[codes]
         if draft is not False:
             drafted = self.drafted[slots]
             first = drafted < 0 if draft is True else (drafted < 0) & draft
@@ -198,14 +191,14 @@ class Run:
 
     def advance(self, slot: int) -> None:
         """Every image slot below `slot` is final (host bookkeeping of prefix decoders)."""
-        self.first_open = self.next_image[min(slot, self.L)]
-        self.final_cells = self.rank[self.first_open]
+        self.first_open = self.index.next_image[min(slot, self.L)]
+        self.final_cells = self.index.images_before[self.first_open]
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
         tokens before them)."""
         self.end = end
-        while self.end < self.L and self.forced[self.end]:
+        while self.end < self.L and self.index.forced[self.end]:
             self.end += 1
 
     def q_at(self, a: int, b: int) -> torch.Tensor:
@@ -214,7 +207,7 @@ class Run:
 
     def put_q(self, a: int, dist: torch.Tensor) -> None:
         """dist [n, V] for the open image slots of ranks [a, a + n)."""
-        self.q.span(self.rank[self.first_open], a + dist.shape[0])
+        self.q.span(self.index.images_before[self.first_open], a + dist.shape[0])
         self.q.put(a, dist)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
@@ -231,10 +224,10 @@ class Run:
         if self.settings.temperature == 0:
             return logp.argmax(-1)
         if b > self.noise.hi:  # each slot's noise is made once, a row ahead (of the first open slot and of b)
-            first, W = self.rank[self.first_open], self.layout.grid[1]
-            lo, hi = max(self.noise.hi, first), min(len(self.image_slots), max(b + W - 1, first + W))
+            first, W = self.index.images_before[self.first_open], self.layout.grid[1]
+            lo, hi = max(self.noise.hi, first), min(len(self.index.image_slots), max(b + W - 1, first + W))
             self.noise.span(first, hi)
-            self.noise.put(lo, gumbel(self.settings.seed, self.image_ids[lo:hi], self.V))
+            self.noise.put(lo, gumbel(self.settings.seed, self.index.image_ids[lo:hi], self.index.V))
         return gumbel_argmax(logp.float(), self.noise.get(a, b))
 
     def note_near_ties(self, raw: torch.Tensor, logp: torch.Tensor, a: int, n: int) -> None:
@@ -245,10 +238,10 @@ class Run:
             return
         noise = None if self.settings.temperature == 0 else self.noise.get(a, a + n)
         ties = near_ties(raw[:, :n], self.guided[:n], logp[:n], noise, self.settings, self.exact_error)
-        self.near_tie[self.image_ids[a:a + n]] |= ties
+        self.near_tie[self.index.image_ids[a:a + n]] |= ties
 
     def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.rng, device=self.slot_ids.device)
+        return torch.rand(n, generator=self.rng, device=self.index.slot_ids.device)
 
 
 class SlotTable:

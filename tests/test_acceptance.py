@@ -40,7 +40,7 @@ def test_first_cell_after_a_row_end_is_drafted_from_a_feature(tiny, draft_rows):
     seen = {}
 
     def pick(logp, a, b):
-        for s, row in zip(run.image_slots[a:b], logp):
+        for s, row in zip(run.index.image_slots[a:b], logp):
             seen[s] = row.exp()
         return logp.argmax(-1).cpu()
 

@@ -66,7 +66,7 @@ def _compare_certified(model, heads, lo, hi, sweeps, seed):
     chain, certified = _run_after_two_rows(model, heads, seed), _run_after_two_rows(model, heads, seed)
     for run in (chain, certified):
         _forced_features(run, lo)
-    a, b = chain.rank[lo], chain.rank[hi]
+    a, b = chain.index.images_before[lo], chain.index.images_before[hi]
     codes = _chain(chain, feature(chain, lo - 1), lo, hi, lambda logp, i, j: sampled(chain, logp, i, j),
                    _left_steps(chain, lo, hi))
     syncs = certified.syncs

@@ -23,15 +23,16 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
     run, _ = drafted_rows(model, heads, rows=3)  # the first rows drafted, the window's end after them
     slot = row * stride + k
     corrected = (run.codes[slot] + 1) % model.image_vocab_size
-    run.set_tokens(run.slots(slot, slot + 1), corrected[None], draft=False)
+    run.set_tokens(run.index.slots(slot, slot + 1), corrected[None], draft=False)
     before, features_before = run.codes.clone(), run.features.clone()
     reanchor_row(run, slot, cells)
     last = min(row * stride + W, slot + 1 + cells)  # the re-drafted cells stay in the row
     with torch.no_grad():
-        f = heads.horizontal(feature(run, slot - 1), _embed(run, run.id_of_code[corrected[None]])[0])
+        f = heads.horizontal(feature(run, slot - 1), _embed(run, run.index.id_of_code[corrected[None]])[0])
         for t in range(slot + 1, last):  # each: the Gumbel pick of q from the chain through the corrected token
-            q = run.logp(model.image_logits(f[:, None]), run.slots(t, t + 1), "heads")
-            assert int(run.codes[t]) == int(run.gumbel_sample(q, run.rank[t], run.rank[t] + 1)[0])
+            q = run.logp(model.image_logits(f[:, None]), run.index.slots(t, t + 1), "heads")
+            r = run.index.images_before[t]
+            assert int(run.codes[t]) == int(run.gumbel_sample(q, r, r + 1)[0])
             f = heads.horizontal(f, _embed(run, run.ids[t:t + 1])[0])
             if t < last - 1:  # the last re-drafted cell's feature is not needed (nothing drafts from it)
                 assert torch.allclose(run.features[:, t], f)

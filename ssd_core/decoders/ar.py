@@ -7,11 +7,11 @@ class ARPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         slot = run.first_open
-        if slot >= run.L:
+        if slot >= run.index.L:
             return
-        one = run.slots(slot, slot + 1)
+        one = run.index.slots(slot, slot + 1)
         i = slot - run.start  # the logits predicting `slot` (its context is all final)
-        r = run.rank[slot]
+        r = run.index.images_before[slot]
         run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
         run.finalize(one)
         run.advance(slot + 1)

@@ -114,12 +114,12 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
     s = run.end
-    target = min(target, run.L)
+    target = min(target, run.index.L)
     while s < target:
         _forced_features(run, s)
         row_start = (s // stride) * stride
         stop = min(target, row_start + W)  # image cells of this row to draft now
-        slots = run.slots(s, stop)
+        slots = run.index.slots(s, stop)
         if s >= stride:  # vertical: from the row above
             if heads.vertical_left and jacobi and stop - s > 1:  # the whole stretch at once, a few sweeps
                 codes = _jacobi_row(run, s, stop, pick, jacobi)
@@ -135,7 +135,8 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 run.head_calls += 1
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
-                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[s], run.rank[stop])
+                before = run.index.images_before
+                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[s], before[stop])
                 run.features[:, s:stop] = pred
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
@@ -153,19 +154,19 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
     drafts from); the features that drafted the slots are checked once (Run.check_heads). -> codes [hi - lo]."""
     picked, made = [], [prev]
     for t in range(lo, hi):
-        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.slots(t, t + 1), "heads"), run.rank[t],
-                    run.rank[t] + 1)
+        r = run.index.images_before[t]
+        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.index.slots(t, t + 1), "heads"), r, r + 1)
         picked.append(code)
         if t == hi - 1 and not last_feature:
             break
-        token = _embed(run, run.id_of_code[code])[0]
+        token = _embed(run, run.index.id_of_code[code])[0]
         with torch.no_grad():
             prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
         before = token
         made.append(prev)
         run.head_calls += 1
     feats = torch.stack(made, 1)  # [B, 1 + written, d]: the feature before lo, then those of lo, lo + 1, ...
-    run.check_heads(feats[:, :hi - lo], run.slots(lo, hi))
+    run.check_heads(feats[:, :hi - lo], run.index.slots(lo, hi))
     run.features[:, lo:lo + len(made) - 1] = feats[:, 1:]  # one write for the chain
     return torch.cat(picked)
 
@@ -177,12 +178,12 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     chain (_chain with _left_steps) is the fixed point this iteration reaches after at most hi - lo sweeps; a
     few sweeps give nearly its drafts for `sweeps` + 1 head calls instead of hi - lo (the rest of the
     per-cell ops alike). -> codes [hi - lo]; the features are written."""
-    slots = run.slots(lo, hi)  # [n]
+    slots = run.index.slots(lo, hi)  # [n]
     above, before_lo = _row_above(run, lo, hi)
     codes = run.codes[slots - run.layout.row_stride]  # [n] first guess: the row above's tokens
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     for sweep in range(sweeps + 1):
-        tokens = _embed(run, run.id_of_code[codes])  # [n, d] the current tokens
+        tokens = _embed(run, run.index.id_of_code[codes])  # [n, d] the current tokens
         with torch.no_grad():  # [B, n, d] each cell's feature (it drafts the cell after it)
             feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         run.head_calls += 1
@@ -190,7 +191,8 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
             break
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features predicting the slots
         run.check_heads(prev, slots)
-        codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), run.rank[lo], run.rank[hi])
+        before = run.index.images_before
+        codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[lo], before[hi])
     run.features[:, lo:hi] = feats
     return codes
 
@@ -207,15 +209,15 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     fixed point, reached from the left). The host learns m with the step's one copy (Run.sync); the chain drafts
     the cells after m. Bundled model: 6 sweeps leave ~4 of 24 cells to the chain (measured: the chain ~1,070 ops
     a row, this ~400). The q of every drafted cell is recorded, the features written, as the chain does."""
-    stride, a, n = run.layout.row_stride, run.rank[lo], hi - lo
-    slots = run.slots(lo, hi)
+    stride, a, n = run.layout.row_stride, run.index.images_before[lo], hi - lo
+    slots = run.index.slots(lo, hi)
     u = uniforms(run.rng, n)  # [n, 1] the chain's draws, one a cell in slot order
     parts = _row_above(run, lo, hi)
     above, before_lo = parts
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     codes = run.codes[slots - stride]  # the first guess: the row above's tokens
     for _ in range(sweeps):
-        tokens = _embed(run, run.id_of_code[codes])  # [n, d]
+        tokens = _embed(run, run.index.id_of_code[codes])  # [n, d]
         with torch.no_grad():  # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
             feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         run.head_calls += 1
@@ -231,7 +233,7 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     run.features[:, lo:lo + m] = feats[:, :m]  # features of cells whose two codes were final
     qs = [p[:m + 1]]
     step = _left_steps(run, lo, hi, parts)
-    e = _embed(run, run.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
+    e = _embed(run, run.index.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
     with torch.no_grad():  # the feature at cell m (from its final code), which drafts cell m + 1
         f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)
     run.features[:, lo + m] = f
@@ -301,14 +303,15 @@ def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> No
         at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
     run.head_calls += 1
     # last_feature False: the last re-drafted slot's old feature stays (the window's next rows are drafted already)
-    run.set_tokens(run.slots(k + 1, stop), _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=last_feature))
+    codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=last_feature)
+    run.set_tokens(run.index.slots(k + 1, stop), codes)
 
 
 def _forced_features(run: Run, s: int) -> None:
     """Forced slots just before slot s that no forward has fed yet (a row end in a drafted block): their
     features continue the horizontal chain, so that slot s is not drafted from an empty feature."""
     f = s
-    while f > 0 and not run.is_image(f - 1) and f - 1 >= run.fed_hi:
+    while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_hi:
         f -= 1
     for t in range(f, s):
         with torch.no_grad():
@@ -321,7 +324,7 @@ def rows_end(run: Run, first_slot: int, rows: int) -> int:
     stride = run.layout.row_stride
     H = run.layout.grid[0]
     last_row = min(H, first_slot // stride + rows)
-    return run.L if last_row >= H else last_row * stride
+    return run.index.L if last_row >= H else last_row * stride
 
 
 def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | None = None) -> None:
@@ -329,13 +332,13 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
     above; a first-row cell as the Gumbel pick of `first_row_logp` [V] (the verifier's latest log p) with
     its own slot's noise (nothing is drafted in the first row without it). Forced slots keep their ids."""
     stride = run.layout.row_stride
-    target = min(target, run.L)
+    target = min(target, run.index.L)
     while run.end < target:
         s = run.end
         stop = min(target, (s // stride + 1) * stride)  # this row (its forced slots are skipped)
-        a, b = run.rank[s], run.rank[stop]
+        a, b = run.index.images_before[s], run.index.images_before[stop]
         if b > a:
-            slots = run.image_ids[a:b]
+            slots = run.index.image_ids[a:b]
             if s >= stride:  # copies of the row above (drafted before this row)
                 codes = run.codes[slots - stride]
             elif first_row_logp is not None:
@@ -355,22 +358,22 @@ class WindowDrafter(Drafter):
         self.window = window
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
-        stride, V = run.layout.row_stride, run.V
-        while run.end < min(target, run.L):
+        stride, V = run.layout.row_stride, run.index.V
+        while run.end < min(target, run.index.L):
             a, b = run.open_span(run.start, run.end)
             need = self.window - max(0, b - a)
             if need <= 0:
                 return
             s = run.end
-            lo = run.rank[s]
-            hi = min(lo + need, run.rank[min(run.L, s + stride)])  # slots above these are drafted already
+            lo = run.index.images_before[s]
+            hi = min(lo + need, run.index.images_before[min(run.index.L, s + stride)])  # slots above: drafted already
             if hi <= lo:
                 return
-            slots = run.image_ids[lo:hi]
+            slots = run.index.image_ids[lo:hi]
             above = run.codes[(slots - stride).clamp(min=0)]
             first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
             codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
             q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
             run.set_tokens(slots, codes)
             run.put_q(lo, q)
-            run.set_end(run.image_slots[hi - 1] + 1)
+            run.set_end(run.index.image_slots[hi - 1] + 1)

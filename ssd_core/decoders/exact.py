@@ -56,8 +56,8 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     a, b = run.open_span(start, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
     if b == a:
         return None
-    slots = run.image_ids[a:b]
-    last = run.image_slots[b - 1]
+    slots = run.index.image_ids[a:b]
+    last = run.index.image_slots[b - 1]
     logp = run.logp(logits[:, slots - start], slots)
     latest = logp[-1]
     verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
@@ -65,15 +65,15 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     if last >= end:  # the slot past the window was not fed: nothing to match
         match[-1] = False
     lead = match.long().cumprod(0).sum()  # the leading matches
-    final = run.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
+    final = run.index.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
     run.note_near_ties(logits[:, slots[:n_final] - start], logp, a, n_final)  # only the final decisions
-    last_final = run.image_slots[a + n_final - 1]
+    last_final = run.index.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)
     run.advance(last_final + 1)
-    if last >= end and end < run.L:
+    if last >= end and end < run.index.L:
         run.set_end(end + 1)
     return latest

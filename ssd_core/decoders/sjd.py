@@ -24,13 +24,13 @@ class SJDPolicy(Policy):
         start, end = run.start, run.end
         a, b = run.open_span(start, end)
         if b > a:
-            slots = run.image_ids[a:b]
+            slots = run.index.image_ids[a:b]
             p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] on the model's device
             q = run.q_at(a, b)
             tok = run.codes[slots]
             ok = run.uniform(b - a) < acceptance(p, q, tok)
             lead = ok.long().cumprod(0).sum()  # accepted in prefix order
-            order = run.slot_ids[:b - a]
+            order = run.index.slot_ids[:b - a]
             fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
             redraw = run.sample_probs(p)  # Jacobi: the rest from their new p
             codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
@@ -38,12 +38,12 @@ class SJDPolicy(Policy):
             run.finalize(slots, order <= lead)
             run.put_q(a, p)  # the redrawn ones are samples of p (the final ones are not read again)
             n_final = min(run.sync(lead)[0] + 1, b - a)
-            run.advance(run.image_slots[a + n_final - 1] + 1)
-        if run.first_open >= run.end and run.end < run.L and run.end - start < logits.shape[1]:
+            run.advance(run.index.image_slots[a + n_final - 1] + 1)
+        if run.first_open >= run.end and run.end < run.index.L and run.end - start < logits.shape[1]:
             s = run.end  # the token after an all-final window: an exact sample
-            one = run.slots(s, s + 1)
+            one = run.index.slots(s, s + 1)
             run.set_tokens(one, run.sample(run.logp(logits[:, s - start:s - start + 1], one)), draft=False)
             run.finalize(one)
             run.advance(s + 1)
             run.set_end(s + 1)
-        self.drafter.draft(run, run.L)
+        self.drafter.draft(run, run.index.L)

@@ -60,7 +60,7 @@ class SSDPolicy(Policy):
         a, b = run.open_span(start, run.end)
         if b > a:
             self.rounds += 1
-            slots = run.image_ids[a:b]
+            slots = run.index.image_ids[a:b]
             p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] verifier, on the model's device
             q = run.q_at(a, b)  # [n, V] what each token was drawn from
             tok = run.codes[slots]
@@ -70,7 +70,7 @@ class SSDPolicy(Policy):
             fixes = run.sample_probs(fix)  # a residual draw for every slot
             run.set_tokens(slots, torch.where(bad, fixes, tok), draft=False)
             run.put_q(a, p)  # each token is now a sample of this round's p
-            done = self.block_done(run, run.image_slots[a], b - a, bad)
+            done = self.block_done(run, run.index.image_slots[a], b - a, bad)
             if isinstance(done, torch.Tensor):
                 run.finalize(slots, done)
                 done = bool(run.sync(done)[0])
@@ -78,7 +78,7 @@ class SSDPolicy(Policy):
                 run.finalize(slots)
             if done:
                 run.advance(run.end)
-        if run.first_open >= run.end and run.end < run.L:
+        if run.first_open >= run.end and run.end < run.index.L:
             self.rounds = 0
             # no host copy made yet in this step: the drafter may make it (its rows' drafts found by sweeps)
             self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.syncs == syncs)
@@ -91,10 +91,10 @@ class SSDPolicy(Policy):
         then ends at it, so the next forward feeds it again and checks the tokens after it in their new
         context; the first token repaired is exact for its context and stays, so this ends. No extra steps:
         these slots ride in the forward that verifies the next block (the last block is not re-fed)."""
-        a, b = run.rank[run.start], run.rank[min(run.first_open, run.end)]
+        a, b = run.index.images_before[run.start], run.index.images_before[min(run.first_open, run.end)]
         if b <= a:
             return
-        slots = run.image_ids[a:b]
+        slots = run.index.image_ids[a:b]
         p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] each token's final-context p
         tok = run.codes[slots]
         outside = p.gather(1, tok[:, None]).squeeze(1) <= 0
@@ -104,7 +104,7 @@ class SSDPolicy(Policy):
 def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     """[B, n, V] the logits of the image slots of ranks [a, b) out of the step's logits: a view when the slots are
     consecutive (a row: no gather op), else gathered."""
-    lo = run.image_slots[a] - run.start
-    if run.image_slots[b - 1] - run.image_slots[a] == b - a - 1:
+    lo = run.index.image_slots[a] - run.start
+    if run.index.image_slots[b - 1] - run.index.image_slots[a] == b - a - 1:
         return logits[:, lo:lo + b - a]
-    return logits[:, run.image_ids[a:b] - run.start]
+    return logits[:, run.index.image_ids[a:b] - run.start]

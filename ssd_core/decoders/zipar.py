@@ -17,7 +17,7 @@ class ZipARPolicy(Policy):
         self.w = self.window or max(1, -(-W // 3))
         self.params = {"window": self.w}
         self.cells = run.layout.slot_of_cell.view(H, W).tolist()  # host: the slot of each cell
-        self.cells_dev = run.layout.slot_of_cell.view(H, W).to(run.slot_ids.device)
+        self.cells_dev = run.layout.slot_of_cell.view(H, W).to(run.index.slot_ids.device)
         self.done = [0] * H  # host: cells written per row (rows fill left to right)
         self.done_dev = self.cells_dev.new_zeros(H, 1)  # the same on the device, to index the cells
         self.rows = (0, 1)  # the rows writing now: [first unfinished, last started + 1)
@@ -44,7 +44,7 @@ class ZipARPolicy(Policy):
             run.set_end(max(run.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
             hi += 1
         self.rows = (lo, hi)
-        run.first_open = self.cells[lo][self.done[lo]] if lo < H else run.L
+        run.first_open = self.cells[lo][self.done[lo]] if lo < H else run.index.L
         run.final_cells = sum(self.done)
         window = slice(run.cached, run.end)  # holes: open cells are fed a placeholder
-        run.ids[window] = run.ids[window].where(run.final[window], run.id_of_code[0])
+        run.ids[window] = run.ids[window].where(run.final[window], run.index.id_of_code[0])
