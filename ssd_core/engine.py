@@ -72,7 +72,7 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
     """N generations with one base-model forward per step for all N x CFG streams -> [(Run, Trace)] in order.
 
     Each image keeps its own cache length (the session's per-row `held`): every step it feeds its window
-    [keep, end), exactly what its single run feeds, at its own positions; shorter feeds are padded on the
+    [cached, end), exactly what its single run feeds, at its own positions; shorter feeds are padded on the
     right, and the padding is invisible to every other query. Then each image's rows are cropped to the
     prefix it keeps, so no padding or rejected key is ever attended to. Per-image state stays in its Run; a
     finished image leaves the batch.
@@ -183,10 +183,10 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
 
 def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: list[int], pad_id: int,
           decoder_name: str, clock: Clock) -> int:
-    """One step of these images (runs, policies): one base-model forward of every window [keep, end), then each
-    policy's update; the cache is cropped to each image's kept prefix. -> the longest window fed (0: none)."""
+    """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
+    policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
-    fed = [run.ids[run.keep:run.end].clone() for run in runs]
+    fed = [run.ids[run.cached:run.end].clone() for run in runs]
     n = max(f.numel() for f in fed)
     t1 = clock.mark()
     feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], fed, n,
@@ -195,7 +195,7 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
     for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
         r, k = rows.dev[i], f.numel()
-        C = run.start = run.cached = run.keep  # its own cache length: the window starts there
+        C = run.cached  # its own cache length: the window starts there
         run.verified[C:run.end] += 1
         if k:
             run.steps += 1
@@ -205,9 +205,9 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
             logits = run.next_logits[:, None]
         run.feeding(f, visible if k else None)
         policy.update(run, logits, feats[r, :k] if k else None)
-        run.keep = run.kept()  # the step's one host copy (made by the policy, or here)
-        run.cached, run.next_logits = run.keep, logits[:, run.keep - C]
-        rows.hold(held, i, run.keep)
+        run.cached = run.cached_next()  # the step's one host copy (made by the policy, or here)
+        run.next_logits = logits[:, run.cached - C]
+        rows.hold(held, i, run.cached)
     clock.add("forward", t1, t2)
     clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
     session.crop(held)
@@ -218,12 +218,12 @@ def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, 
     """The last images' tokens past their kept prefix get their keys (one forward), so that the cache holds every
     sequence whole. -> 1 when that forward ran (the trace's finalize), else 0."""
     session = rows.session
-    first = min(run.keep for run in runs)
+    first = min(run.cached for run in runs)
     if first >= layout.num_slots:
         return 0
     t1 = _now(session.m.device)
     held = list(session.held_host)
-    last = [run.ids[run.keep:] for run in runs]
+    last = [run.ids[run.cached:] for run in runs]
     session.forward(*_batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
                                 layout.num_slots - first, pad_id))
     for i in images:
@@ -256,7 +256,7 @@ def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy],
 
 
 def _no_token(decoder_name: str, run: Run, fed: torch.Tensor):
-    raise RuntimeError(f"{decoder_name}: window slot without a token at {run.start + int((fed < 0).nonzero()[0])}")
+    raise RuntimeError(f"{decoder_name}: window slot without a token at {run.cached + int((fed < 0).nonzero()[0])}")
 
 
 def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,

@@ -24,7 +24,7 @@ class Run:
 
     Per-slot state lives in tensors on the model's device; the host keeps only whole numbers (window bounds,
     the first open slot, step counts). A step copies device values to the host once (`sync`): the policy's
-    decision, the kept prefix and the deferred finiteness checks together."""
+    decision, the next `cached` and the deferred finiteness checks together."""
 
     def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
@@ -40,20 +40,27 @@ class Run:
         self.step_of = torch.zeros(L, dtype=torch.int32, device=dev)
         self.verified = torch.zeros(L, dtype=torch.int32, device=dev)  # forwards each slot has been fed in
         self.value_seen = torch.zeros(L, dtype=torch.int32, device=dev)  # `verified` when a slot took its value
-        self.cached = 0  # slots whose keys are in the cache
-        self.keep = 0  # slots this image alone would have cached: the final prefix its window starts after
-        self.end = 0  # window = [cached, end)
-        self.start = 0  # the window's first slot in the step being decided
-        self.first_open = ix.next_image[0]  # host: the first slot that is not final (L when done)
+        # How far the run is fixed, as host slot numbers (each an end: the slots [0, x)); only the engine moves cached
+        #   cached     slots whose keys are in this image's rows of the KV cache, computed from final tokens only
+        #              (session.cached is another number: the batch's cache columns, the most any row holds). The
+        #              window starts here: a step's logits[:, j] predict slot cached + j. After a step it moves to
+        #              cached_next(), the fed slots that keep their keys.
+        #   final_end  the final prefix: every slot below it is final; its first open slot (L when done). The
+        #              policy moves it (advance); cached <= final_end.
+        #   end        the window end: the window [cached, end) is fed in the next forward (set_end, the drafters).
+        #   fed_end    every slot below it has been fed at least once (so it has a feature of the model).
+        self.cached = 0
+        self.final_end = ix.next_image[0]
+        self.end = 0
+        self.fed_end = 0
         self.final_cells = 0  # host: image cells that are final
-        self.fed_hi = 0  # host: every slot below it has been fed to the model at least once
         self.steps = 0
         self.head_calls = 0
         self.syncs = 0  # device-to-host copies made by `sync`
-        self.fed: torch.Tensor | None = None  # [k] ids fed at slots [start, start + k) this step
+        self.fed: torch.Tensor | None = None  # [k] ids fed at slots [cached, cached + k) this step
         self.fed_visible: torch.Tensor | None = None  # [k] which of them other slots could see (None: all)
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
-        self._kept: int | None = None  # the kept prefix of this step, once synced
+        self._cached_next: int | None = None  # cached after this step, once synced
         self.rng = seeded_generator(settings.seed, dev)
         B, d = last_features.shape
         self.features = torch.zeros(B, L, d, dtype=model.dtype, device=dev)  # latest feature per slot
@@ -91,12 +98,12 @@ class Run:
 
     @property
     def done(self) -> bool:
-        return self.first_open >= self.L
+        return self.final_end >= self.L
 
     def open_span(self, lo: int, hi: int) -> tuple[int, int]:
         """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
         before = self.index.images_before
-        return before[min(max(lo, self.first_open), self.L)], before[min(max(hi, lo), self.L)]
+        return before[min(max(lo, self.final_end), self.L)], before[min(max(hi, lo), self.L)]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
@@ -124,17 +131,17 @@ class Run:
         self.pending.append((ok, fail))
 
     def feeding(self, fed: torch.Tensor, visible: torch.Tensor | None) -> None:
-        """The engine fed ids [k] at slots [start, start + k) (visible: which others could see them)."""
-        self.fed, self.fed_visible, self._kept = fed, visible, None
-        self.fed_hi = max(self.fed_hi, self.start + fed.numel())
+        """The engine fed ids [k] at slots [cached, cached + k) (visible: which others could see them)."""
+        self.fed, self.fed_visible, self._cached_next = fed, visible, None
+        self.fed_end = max(self.fed_end, self.cached + fed.numel())
 
     def sync(self, *values: torch.Tensor) -> list[int]:
-        """Copy these 0-d integer tensors, the step's kept prefix and the pending checks to the host at once.
+        """Copy these 0-d integer tensors, the step's cached_next and the pending checks to the host at once.
 
-        Call it after the fed slots' final tokens are written (the kept prefix is read then)."""
+        Call it after the fed slots' final tokens are written (cached_next is read then)."""
         flags = [ok for ok, _ in self.pending]
-        keep = self._kept_prefix() if self._kept is None else None
-        parts = [v.reshape(1).long() for v in values] + ([keep.reshape(1)] if keep is not None else []) + \
+        kept = self._fed_kept() if self._cached_next is None else None
+        parts = [v.reshape(1).long() for v in values] + ([kept.reshape(1)] if kept is not None else []) + \
             [f.reshape(1).long() for f in flags]
         out = torch.cat(parts).tolist() if parts else []
         self.syncs += 1
@@ -142,27 +149,28 @@ class Run:
         for ok, (_, fail) in zip(out[len(out) - len(flags):], checks):
             if not ok:
                 fail()
-        if keep is not None:
-            self._kept = self.start + out[len(values)]
+        if kept is not None:
+            self._cached_next = self.cached + out[len(values)]
         return out[:len(values)]
 
-    def kept(self) -> int:
-        """This step's kept prefix: fed slots that are final, unchanged since fed, with a whole context."""
-        if self._kept is None:
+    def cached_next(self) -> int:
+        """`cached` after this step: it ends at the first fed slot that is not final, changed since fed, or fed
+        after a slot that was hidden."""
+        if self._cached_next is None:
             self.sync()
-        return self._kept
+        return self._cached_next
 
     def flush(self) -> None:
         """Raise any deferred check that failed (end of the run)."""
         if self.pending:
             self.sync()
 
-    def _kept_prefix(self) -> torch.Tensor:
-        """0-d: how many fed slots from `start` keep their keys."""
+    def _fed_kept(self) -> torch.Tensor:
+        """0-d: how many fed slots from `cached` keep their keys."""
         k = 0 if self.fed is None else self.fed.numel()
         if k == 0:
             return self.index.slot_ids[0]
-        C = self.start
+        C = self.cached
         ok = self.final[C:C + k] & (self.ids[C:C + k] == self.fed)
         if self.fed_visible is not None:  # no slot before them was hidden when fed
             ok[1:] &= self.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
@@ -191,8 +199,8 @@ class Run:
 
     def advance(self, slot: int) -> None:
         """Every image slot below `slot` is final (host bookkeeping of prefix decoders)."""
-        self.first_open = self.index.next_image[min(slot, self.L)]
-        self.final_cells = self.index.images_before[self.first_open]
+        self.final_end = self.index.next_image[min(slot, self.L)]
+        self.final_cells = self.index.images_before[self.final_end]
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
@@ -207,7 +215,7 @@ class Run:
 
     def put_q(self, a: int, dist: torch.Tensor) -> None:
         """dist [n, V] for the open image slots of ranks [a, a + n)."""
-        self.q.span(self.index.images_before[self.first_open], a + dist.shape[0])
+        self.q.span(self.index.images_before[self.final_end], a + dist.shape[0])
         self.q.put(a, dist)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
@@ -224,7 +232,7 @@ class Run:
         if self.settings.temperature == 0:
             return logp.argmax(-1)
         if b > self.noise.hi:  # each slot's noise is made once, a row ahead (of the first open slot and of b)
-            first, W = self.index.images_before[self.first_open], self.layout.grid[1]
+            first, W = self.index.images_before[self.final_end], self.layout.grid[1]
             lo, hi = max(self.noise.hi, first), min(len(self.index.image_slots), max(b + W - 1, first + W))
             self.noise.span(first, hi)
             self.noise.put(lo, gumbel(self.settings.seed, self.index.image_ids[lo:hi], self.index.V))

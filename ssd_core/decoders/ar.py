@@ -6,11 +6,11 @@ class ARPolicy(Policy):
     name = "ar"
 
     def update(self, run: Run, logits, features) -> None:
-        slot = run.first_open
+        slot = run.final_end
         if slot >= run.index.L:
             return
         one = run.index.slots(slot, slot + 1)
-        i = slot - run.start  # the logits predicting `slot` (its context is all final)
+        i = slot - run.cached  # the logits predicting `slot` (its context is all final)
         r = run.index.images_before[slot]
         run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
         run.finalize(one)

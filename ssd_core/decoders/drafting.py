@@ -311,7 +311,7 @@ def _forced_features(run: Run, s: int) -> None:
     """Forced slots just before slot s that no forward has fed yet (a row end in a drafted block): their
     features continue the horizontal chain, so that slot s is not drafted from an empty feature."""
     f = s
-    while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_hi:
+    while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_end:
         f -= 1
     for t in range(f, s):
         with torch.no_grad():
@@ -360,7 +360,7 @@ class WindowDrafter(Drafter):
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
         stride, V = run.layout.row_stride, run.index.V
         while run.end < min(target, run.index.L):
-            a, b = run.open_span(run.start, run.end)
+            a, b = run.open_span(run.cached, run.end)
             need = self.window - max(0, b - a)
             if need <= 0:
                 return

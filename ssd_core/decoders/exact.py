@@ -44,7 +44,7 @@ class ExactPolicy(Policy):
         latest = verify(run, logits, self.drafter)
         if run.done:
             return
-        self.drafter.draft(run, rows_end(run, run.first_open, self.rows), latest)
+        self.drafter.draft(run, rows_end(run, run.final_end, self.rows), latest)
 
 
 def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
@@ -52,13 +52,13 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     of the slots not yet final); returns the verifier's log p [V] at the window's last open slot (or None).
     After a correction the drafter may re-draft the window's cells after it (`Drafter.corrected`).
     stop: no slot from `stop` on is decided (the window does not grow past it)."""
-    start, end = run.start, run.end
-    a, b = run.open_span(start, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
+    C, end = run.cached, run.end
+    a, b = run.open_span(C, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
     if b == a:
         return None
     slots = run.index.image_ids[a:b]
     last = run.index.image_slots[b - 1]
-    logp = run.logp(logits[:, slots - start], slots)
+    logp = run.logp(logits[:, slots - C], slots)
     latest = logp[-1]
     verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
     match = run.codes[slots] == verdict
@@ -69,7 +69,7 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
-    run.note_near_ties(logits[:, slots[:n_final] - start], logp, a, n_final)  # only the final decisions
+    run.note_near_ties(logits[:, slots[:n_final] - C], logp, a, n_final)  # only the final decisions
     last_final = run.index.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)

@@ -21,11 +21,11 @@ class SJDPolicy(Policy):
         self.drafter = WindowDrafter(self.window)  # the window's guesses: the token above, else uniform random
 
     def update(self, run: Run, logits, features) -> None:
-        start, end = run.start, run.end
-        a, b = run.open_span(start, end)
+        C, end = run.cached, run.end
+        a, b = run.open_span(C, end)
         if b > a:
             slots = run.index.image_ids[a:b]
-            p = run.logp(logits[:, slots - start], slots).exp()  # [n, V] on the model's device
+            p = run.logp(logits[:, slots - C], slots).exp()  # [n, V] on the model's device
             q = run.q_at(a, b)
             tok = run.codes[slots]
             ok = run.uniform(b - a) < acceptance(p, q, tok)
@@ -39,10 +39,10 @@ class SJDPolicy(Policy):
             run.put_q(a, p)  # the redrawn ones are samples of p (the final ones are not read again)
             n_final = min(run.sync(lead)[0] + 1, b - a)
             run.advance(run.index.image_slots[a + n_final - 1] + 1)
-        if run.first_open >= run.end and run.end < run.index.L and run.end - start < logits.shape[1]:
+        if run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
             s = run.end  # the token after an all-final window: an exact sample
             one = run.index.slots(s, s + 1)
-            run.set_tokens(one, run.sample(run.logp(logits[:, s - start:s - start + 1], one)), draft=False)
+            run.set_tokens(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
             run.finalize(one)
             run.advance(s + 1)
             run.set_end(s + 1)

@@ -49,15 +49,14 @@ class SSDPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         stride, syncs = run.layout.row_stride, run.syncs
-        if self.repair and run.start < run.first_open:
+        if self.repair and run.cached < run.final_end:
             self.repair_committed(run, logits)
-        if self.stable_first_row == 2 and run.first_open < stride:  # the first row as ar draws it
+        if self.stable_first_row == 2 and run.final_end < stride:  # the first row as ar draws it
             verify_exactly(run, logits, self.first_row, stop=stride)
-            if run.first_open < stride:
+            if run.final_end < stride:
                 self.first_row.draft(run, stride)
                 return  # else the first row is final: the first lossy block is drafted below
-        start = run.start
-        a, b = run.open_span(start, run.end)
+        a, b = run.open_span(run.cached, run.end)
         if b > a:
             self.rounds += 1
             slots = run.index.image_ids[a:b]
@@ -78,20 +77,20 @@ class SSDPolicy(Policy):
                 run.finalize(slots)
             if done:
                 run.advance(run.end)
-        if run.first_open >= run.end and run.end < run.index.L:
+        if run.final_end >= run.end and run.end < run.index.L:
             self.rounds = 0
             # no host copy made yet in this step: the drafter may make it (its rows' drafts found by sweeps)
             self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.syncs == syncs)
 
     @staticmethod
     def repair_committed(run: Run, logits) -> None:
-        """Committed (final) slots fed again in this forward, [start, first_open): the tokens after the first
+        """Committed (final) slots fed again in this forward, [cached, final_end): the tokens after the first
         correction of their block's last round, whose context changed after they were accepted. A token now
         outside the processed p of its final context (top-k / min-p) is redrawn from that p. The kept prefix
         then ends at it, so the next forward feeds it again and checks the tokens after it in their new
         context; the first token repaired is exact for its context and stays, so this ends. No extra steps:
         these slots ride in the forward that verifies the next block (the last block is not re-fed)."""
-        a, b = run.index.images_before[run.start], run.index.images_before[min(run.first_open, run.end)]
+        a, b = run.index.images_before[run.cached], run.index.images_before[min(run.final_end, run.end)]
         if b <= a:
             return
         slots = run.index.image_ids[a:b]
@@ -104,7 +103,7 @@ class SSDPolicy(Policy):
 def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     """[B, n, V] the logits of the image slots of ranks [a, b) out of the step's logits: a view when the slots are
     consecutive (a row: no gather op), else gathered."""
-    lo = run.index.image_slots[a] - run.start
+    lo = run.index.image_slots[a] - run.cached
     if run.index.image_slots[b - 1] - run.index.image_slots[a] == b - a - 1:
         return logits[:, lo:lo + b - a]
-    return logits[:, run.index.image_ids[a:b] - run.start]
+    return logits[:, run.index.image_ids[a:b] - run.cached]

@@ -30,9 +30,9 @@ class ZipARPolicy(Policy):
         lo, hi = self.rows
         if lo < hi:  # every active row writes its next cell (its context is the rows above as far as written)
             new = [self.cells[y][self.done[y]] for y in range(lo, hi)]
-            assert max(new) <= run.end and max(new) - run.start < logits.shape[1], "zipar: a row ran past its window"
+            assert max(new) <= run.end and max(new) - run.cached < logits.shape[1], "zipar: a row ran past its window"
             slots = self.cells_dev[lo:hi].gather(1, self.done_dev[lo:hi]).squeeze(1)
-            run.set_tokens(slots, run.sample(run.logp(logits[:, slots - run.start], slots)), draft=False)
+            run.set_tokens(slots, run.sample(run.logp(logits[:, slots - run.cached], slots)), draft=False)
             run.finalize(slots)
             self.done_dev[lo:hi] += 1
             for y in range(lo, hi):
@@ -44,7 +44,7 @@ class ZipARPolicy(Policy):
             run.set_end(max(run.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
             hi += 1
         self.rows = (lo, hi)
-        run.first_open = self.cells[lo][self.done[lo]] if lo < H else run.index.L
+        run.final_end = self.cells[lo][self.done[lo]] if lo < H else run.index.L
         run.final_cells = sum(self.done)
         window = slice(run.cached, run.end)  # holes: open cells are fed a placeholder
         run.ids[window] = run.ids[window].where(run.final[window], run.index.id_of_code[0])
