@@ -132,7 +132,7 @@ def record_checks(run, round_: int, a: int, b: int, rejected: torch.Tensor, mass
     """Log one verification (round `round_`) of the image slots of ranks [a, b): rejected [n] bool and the
     residual mass [n, 1] or [n] (sum_v max(0, p - q) = 1 - the expected acceptance, `residual_and_mass`). Both stay
     on the device as they are, no op spent in the step; `check_rows` reads them all once when the run ends."""
-    run.checks.append((round_, a, b, rejected, mass))
+    run.add_check((round_, a, b, rejected, mass))
 
 
 def check_rows(run) -> list[torch.Tensor]:

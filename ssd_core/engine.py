@@ -170,8 +170,7 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
         timings["forward"] = clock.seconds("forward")
         timings["policy"] = clock.seconds("policy") - timings["draft"]
         for i in done:
-            runs[i].flush()
-            runs[i].cached = session.held_host[rows.host[i][0]]
+            runs[i].finish(session.held_host[rows.host[i][0]])
             traces[i] = T.from_run(runs[i], decoder_name, policies[i].params, dict(timings), finalize,
                                    _peak_memory_mb(dev))
         if active:
@@ -195,19 +194,10 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
     for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
         r, k = rows.dev[i], f.numel()
-        C = run.cached  # its own cache length: the window starts there
-        run.verified[C:run.end] += 1
-        if k:
-            run.steps += 1
-            run.features[:, C:C + k] = feats[r, :k]
-            logits = torch.cat([run.next_logits[:, None], all_logits[r, :k]], dim=1)
-        else:
-            logits = run.next_logits[:, None]
-        run.feeding(f, visible if k else None)
-        policy.update(run, logits, feats[r, :k] if k else None)
-        run.cached = run.cached_next()  # the step's one host copy (made by the policy, or here)
-        run.next_logits = logits[:, run.cached - C]
-        rows.hold(held, i, run.cached)
+        out = (feats[r, :k], all_logits[r, :k]) if k else (None, None)  # its window's features and logits
+        logits = run.begin_step(f, visible if k else None, *out)
+        policy.update(run, logits, out[0])
+        rows.hold(held, i, run.end_step(logits))  # its new cache length: the step's one host copy
     clock.add("forward", t1, t2)
     clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
     session.crop(held)

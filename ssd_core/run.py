@@ -14,7 +14,7 @@ from . import trace as T
 from .errors import SSDError
 from .exactness import near_ties
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
-                       log_probs, not_finite_message, seeded_generator)
+                       log_probs, not_finite_message, seeded_generator, uniforms)
 from .session import KVSession, Layout
 from .slots import SlotIndex
 
@@ -130,10 +130,34 @@ class Run:
         """Check the 0-d bool `ok` at the next sync; `fail()` raises the error when it is False."""
         self.pending.append((ok, fail))
 
-    def feeding(self, fed: torch.Tensor, visible: torch.Tensor | None) -> None:
-        """The engine fed ids [k] at slots [cached, cached + k) (visible: which others could see them)."""
+    # ---- the engine's step (the only code that moves `cached`) ---------------------------------------
+    def begin_step(self, fed: torch.Tensor, visible: torch.Tensor | None, features: torch.Tensor | None,
+                   logits: torch.Tensor | None) -> torch.Tensor:
+        """The engine fed ids [k] at slots [cached, cached + k) (visible: which others could see them; features
+        [B, k, d] and raw logits [B, k, V] their outputs, None when k = 0) -> the step's raw logits [B, k + 1, V]
+        predicting slots cached..cached + k, for the policy's update."""
+        C, k = self.cached, fed.numel()
+        self.verified[C:self.end] += 1
         self.fed, self.fed_visible, self._cached_next = fed, visible, None
-        self.fed_end = max(self.fed_end, self.cached + fed.numel())
+        self.fed_end = max(self.fed_end, C + k)
+        if not k:
+            return self.next_logits[:, None]
+        self.steps += 1
+        self.features[:, C:C + k] = features
+        return torch.cat([self.next_logits[:, None], logits], dim=1)
+
+    def end_step(self, logits: torch.Tensor) -> int:
+        """After the policy's update: `cached` moves to cached_next() (the step's one host copy, unless the policy
+        made it), the logits predicting it are kept for the next step. -> the new `cached`."""
+        C = self.cached
+        self.cached = self.cached_next()
+        self.next_logits = logits[:, self.cached - C]
+        return self.cached
+
+    def finish(self, cached: int) -> None:
+        """The run is over: raise any deferred check that failed; `cached`: the slots the cache holds now."""
+        self.flush()
+        self.cached = cached
 
     def sync(self, *values: torch.Tensor) -> list[int]:
         """Copy these 0-d integer tensors, the step's cached_next and the pending checks to the host at once.
@@ -197,10 +221,32 @@ class Run:
         self.final[slots] |= mask
         self.step_of[slots] = torch.where(mask, self.steps, self.step_of[slots])
 
-    def advance(self, slot: int) -> None:
-        """Every image slot below `slot` is final (host bookkeeping of prefix decoders)."""
+    def advance(self, slot: int, cells: int | None = None) -> None:
+        """Every image slot below `slot` is final (host bookkeeping); cells: the image cells final in all (None:
+        those below it, for decoders whose final slots form a prefix)."""
         self.final_end = self.index.next_image[min(slot, self.L)]
-        self.final_cells = self.index.images_before[self.final_end]
+        self.final_cells = self.index.images_before[self.final_end] if cells is None else cells
+
+    def fill_holes(self) -> None:
+        """The window's open slots get a placeholder id (code 0's): fed where no other slot may see them (zipar)."""
+        window = slice(self.cached, self.end)
+        self.ids[window] = self.ids[window].where(self.final[window], self.index.id_of_code[0])
+
+    def set_features(self, slots, features: torch.Tensor) -> None:
+        """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
+        self.features[:, slots] = features
+
+    def add_head_calls(self, n: int = 1) -> None:
+        """The drafters called the heads n more times (the trace's head_calls)."""
+        self.head_calls += n
+
+    def add_check(self, check: tuple) -> None:
+        """One verification for the trace (acceptance.record_checks)."""
+        self.checks.append(check)
+
+    def track_exactness(self, error_bound: torch.Tensor) -> None:
+        """From now on note_near_ties marks the final decisions a raw-logit error of error_bound (0-d) could flip."""
+        self.exact_error = error_bound
 
     def set_end(self, end: int) -> None:
         """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
@@ -222,9 +268,17 @@ class Run:
         """Independent samples from rows of log p (the seeded generator of this run)."""
         return draw(logp, self.rng)
 
-    def sample_probs(self, p: torch.Tensor) -> torch.Tensor:
-        """sample() from probabilities p [n, V]."""
-        return draw_probs(p, self.rng)
+    def sample_probs(self, p: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """sample() from probabilities p [n, V]; u [n, 1]: with the uniforms drawn earlier by draws_ahead."""
+        return draw_probs(p, self.rng, u)
+
+    def draws_ahead(self, n: int) -> torch.Tensor:
+        """[n, 1] the uniforms that the next n rows of sample_probs would take, drawn now (sampling.uniforms)."""
+        return uniforms(self.rng, n)
+
+    def random_codes(self, n: int) -> torch.Tensor:
+        """[n] uniform random image codes from the run's generator."""
+        return torch.randint(self.index.V, (n,), generator=self.rng, device=self.index.slot_ids.device)
 
     def gumbel_sample(self, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
         """Gumbel-max samples for the image slots of ranks [a, b), keyed by (seed, slot): the same slot always

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from ..run import Run
-from ..sampling import draw_probs, uniforms
 
 
 def feature(run: Run, slot: int) -> torch.Tensor:
@@ -132,12 +131,12 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 src = [_above(run, t) for t in range(s, stop)]
                 with torch.no_grad():  # [B, n, d] -> h of `slots`
                     pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
-                run.head_calls += 1
+                run.add_head_calls()
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
                 before = run.index.images_before
                 codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[s], before[stop])
-                run.features[:, s:stop] = pred
+                run.set_features(slice(s, stop), pred)
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
         run.set_tokens(slots, codes)
@@ -164,10 +163,10 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
             prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
         before = token
         made.append(prev)
-        run.head_calls += 1
+        run.add_head_calls()
     feats = torch.stack(made, 1)  # [B, 1 + written, d]: the feature before lo, then those of lo, lo + 1, ...
     run.check_heads(feats[:, :hi - lo], run.index.slots(lo, hi))
-    run.features[:, lo:lo + len(made) - 1] = feats[:, 1:]  # one write for the chain
+    run.set_features(slice(lo, lo + len(made) - 1), feats[:, 1:])  # one write for the chain
     return torch.cat(picked)
 
 
@@ -186,14 +185,14 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d] the current tokens
         with torch.no_grad():  # [B, n, d] each cell's feature (it drafts the cell after it)
             feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
-        run.head_calls += 1
+        run.add_head_calls()
         if sweep == sweeps:
             break
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features predicting the slots
         run.check_heads(prev, slots)
         before = run.index.images_before
         codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[lo], before[hi])
-    run.features[:, lo:hi] = feats
+    run.set_features(slice(lo, hi), feats)
     return codes
 
 
@@ -211,7 +210,7 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     a row, this ~400). The q of every drafted cell is recorded, the features written, as the chain does."""
     stride, a, n = run.layout.row_stride, run.index.images_before[lo], hi - lo
     slots = run.index.slots(lo, hi)
-    u = uniforms(run.rng, n)  # [n, 1] the chain's draws, one a cell in slot order
+    u = run.draws_ahead(n)  # [n, 1] the chain's draws, one a cell in slot order
     parts = _row_above(run, lo, hi)
     above, before_lo = parts
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
@@ -220,29 +219,29 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d]
         with torch.no_grad():  # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
             feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
-        run.head_calls += 1
+        run.add_head_calls()
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
         p = run.logp(run.model.image_logits(prev), slots, "heads").exp()  # [n, V] each cell's q
-        guess, codes = codes, draw_probs(p, run.rng, u)
+        guess, codes = codes, run.sample_probs(p, u)
     run.check_heads(prev, slots)
     m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
     if m >= n:  # a fixed point: every code, q and feature is the chain's
         run.put_q(a, p)
-        run.features[:, lo:hi] = feats
+        run.set_features(slice(lo, hi), feats)
         return codes
-    run.features[:, lo:lo + m] = feats[:, :m]  # features of cells whose two codes were final
+    run.set_features(slice(lo, lo + m), feats[:, :m])  # features of cells whose two codes were final
     qs = [p[:m + 1]]
     step = _left_steps(run, lo, hi, parts)
     e = _embed(run, run.index.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
     with torch.no_grad():  # the feature at cell m (from its final code), which drafts cell m + 1
         f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)
-    run.features[:, lo + m] = f
-    run.head_calls += 1
+    run.set_features(lo + m, f)
+    run.add_head_calls()
     if m + 1 < n:
         def pick(logp, i, j):  # the chain's draw with the cell's own uniform
             q = logp.exp()
             qs.append(q)
-            return draw_probs(q, run.rng, u[i - a:j - a])
+            return run.sample_probs(q, u[i - a:j - a])
 
         codes = torch.cat([codes[:m + 1], _chain(run, f, lo + m + 1, hi, pick, step, before=e[-1])])
     run.put_q(a, torch.cat(qs))
@@ -301,7 +300,7 @@ def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> No
         return
     with torch.no_grad():
         at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
-    run.head_calls += 1
+    run.add_head_calls()
     # last_feature False: the last re-drafted slot's old feature stays (the window's next rows are drafted already)
     codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=last_feature)
     run.set_tokens(run.index.slots(k + 1, stop), codes)
@@ -315,8 +314,8 @@ def _forced_features(run: Run, s: int) -> None:
         f -= 1
     for t in range(f, s):
         with torch.no_grad():
-            run.features[:, t] = run.heads.horizontal(feature(run, t - 1), _embed(run, run.ids[t:t + 1])[0])
-        run.head_calls += 1
+            run.set_features(t, run.heads.horizontal(feature(run, t - 1), _embed(run, run.ids[t:t + 1])[0]))
+        run.add_head_calls()
 
 
 def rows_end(run: Run, first_slot: int, rows: int) -> int:
@@ -372,7 +371,7 @@ class WindowDrafter(Drafter):
             slots = run.index.image_ids[lo:hi]
             above = run.codes[(slots - stride).clamp(min=0)]
             first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
-            codes = torch.where(first_row, torch.randint(V, slots.shape, generator=run.rng, device=slots.device), above)
+            codes = torch.where(first_row, run.random_codes(hi - lo), above)
             q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
             run.set_tokens(slots, codes)
             run.put_q(lo, q)

@@ -38,7 +38,7 @@ class ExactPolicy(Policy):
         # after a correction in the first row), or without heads copies of the row above
         self.drafter = drafter_for(run, use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
         if run.prompt is not None:  # the trace then names the decisions the window's rounding could flip
-            run.exact_error = exactness.error_bound(run.model, run.prompt, run.ids)
+            run.track_exactness(exactness.error_bound(run.model, run.prompt, run.ids))
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits, self.drafter)

@@ -44,7 +44,5 @@ class ZipARPolicy(Policy):
             run.set_end(max(run.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
             hi += 1
         self.rows = (lo, hi)
-        run.final_end = self.cells[lo][self.done[lo]] if lo < H else run.index.L
-        run.final_cells = sum(self.done)
-        window = slice(run.cached, run.end)  # holes: open cells are fed a placeholder
-        run.ids[window] = run.ids[window].where(run.final[window], run.index.id_of_code[0])
+        run.advance(self.cells[lo][self.done[lo]] if lo < H else run.index.L, sum(self.done))
+        run.fill_holes()  # holes: open cells are fed a placeholder
