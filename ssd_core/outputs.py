@@ -108,16 +108,25 @@ def _write_errors():
     return tuple(errors)
 
 
-def _replace_file(path: Path, write) -> None:
-    """write() an existing file's new content to a unique temp file in its folder, then rename it over the file:
-    a write that fails (disk full) leaves the old content, and no temp file. A link is followed (its target is
-    replaced) and the file keeps its permission bits."""
+def replace_file(path, write, sync: bool = False) -> None:
+    """write(temp) into a unique temp file beside `path` (tempfile.mkstemp: O_EXCL, never a file or link already
+    there), fsync it when `sync`, then rename it over `path`: a write that fails (disk full, Ctrl-C) leaves the
+    old content, or no file, and no temp file. A link is followed (its target is replaced); an existing file
+    keeps its permission bits (a new one is the owner's only, as mkstemp makes it)."""
     target = Path(os.path.realpath(path))
+    # the target's extension kept: writers pick the format by it
     fd, name = tempfile.mkstemp(prefix=f".{target.stem[:40]}.", suffix=target.suffix, dir=target.parent)
     os.close(fd)
     try:
         write(Path(name))
-        os.chmod(name, stat.S_IMODE(target.stat().st_mode))
+        if sync:
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if target.exists():
+            os.chmod(name, stat.S_IMODE(target.stat().st_mode))
         os.replace(name, target)
     except BaseException:
         try:
@@ -142,14 +151,14 @@ def _write_new(path: Path, write) -> None:
 
 
 def write_or_keep(path, write, flag: str = "output") -> Path:
-    """write(path) (an existing file through a temp file renamed over it: _replace_file); when that fails (disk
+    """write(path) (an existing file through a temp file renamed over it: replace_file); when that fails (disk
     full, folder gone or read-only since the check), write(copy) to a new file of the same name and extension in
     the temp folder (else the current folder) and raise one SSDError saying why and where the result is kept.
     Returns the path written."""
     path = Path(path)
     errors = _write_errors()
     try:
-        (_replace_file if path.is_file() else _write_new)(path, write)
+        (replace_file if path.is_file() else _write_new)(path, write)
         WRITTEN.append(str(path))
         return path
     except errors as err:

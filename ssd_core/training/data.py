@@ -10,11 +10,9 @@
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import torch
 from ..acceptance import guided_logp
 from ..errors import SSDError, shown
 from ..model_files import MAX_JSON_BYTES, MAX_JSON_DEPTH, check_path
-from ..outputs import check_output
+from ..outputs import check_output, replace_file
 from ..sampling import SamplerSettings, _mix, _mix_int, _signed, guide, gumbel_of, log_probs, sample_logits, shr53
 from ..session import Layout, stack_prompts
 
@@ -362,21 +360,6 @@ def json_of_kind(value, kind: type, what: str, fix: str):
 
 
 def write_replacing(path, write) -> None:
-    """write(temp) into a new file of a unique name beside `path` (tempfile.mkstemp: O_EXCL, never a file or
-    link already there), fsync it, then rename it over `path` (a file that is there is whole). Any failure, or
-    Ctrl-C, removes the temp file and leaves `path` as it was; the error goes on to the caller."""
-    path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name[:60]}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(name))
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
+    """write(temp), synced and renamed over `path` (outputs.replace_file): a file that is there is whole; any
+    failure, or Ctrl-C, removes the temp file and leaves `path` as it was; the error goes on to the caller."""
+    replace_file(path, write, sync=True)
