@@ -329,7 +329,8 @@ def print_table(report: dict, log=print) -> None:
     for r in report["rows"]:
         ident = "-" if r["identical_to_ar"] is None else str(r["identical_to_ar"]).lower()
         log(f"{r['decoder']:<12}{r['steps']:>8}{r['step_ratio']:>9.2f}{r['wall_ratio']:>9.2f}{r['wall_s']:>9.3f}"
-            f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100, 'inf' if r['nll'] is None else '-'):>8}%{r['nll_full']:>9.4f}{_num(r['nll_full_gap'], 100, '-'):>8}%"
+            f"{_num(r['nll'], 1):>9}{_num(r['nll_gap'], 100, 'inf' if r['nll'] is None else '-'):>8}%"
+            f"{r['nll_full']:>9.4f}{_num(r['nll_full_gap'], 100, '-'):>8}%"
             f"{r['out_of_support'] * 100:>8.2f}%{r['accepted_share']:>8.2f}{_num(r.get('acceptance_round0'), 1, '-', 3):>8}"
             f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
             f"{_rows(r.get('params', {})):>6}"
