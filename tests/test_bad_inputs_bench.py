@@ -153,3 +153,14 @@ def test_the_bench_json_is_strict_json(tmp_path):
     text = out.read_text()
     assert "Infinity" not in text and "NaN" not in text
     assert json.loads(text)["rows"][0] == {"decoder": "ar", "nll_full": None, "wall_ratio": None, "steps": 4}
+
+
+@pytest.mark.parametrize("name, shown", [("ssd-exact@３", "got '３' (str)"),
+                                         ("ssd-exact@" + "9" * 5000, "got '999999999999...'")])
+def test_bench_variant_takes_ascii_digits_only_and_keeps_its_message_short(name, shown):
+    """decoders.bench_variant, which other callers than the CLI use: fullwidth digits refused, a long name cut."""
+    from ssd_core.decoders import bench_variant
+
+    with pytest.raises(ssd_core.SSDError) as err:
+        bench_variant(name)
+    assert shown in str(err.value) and len(str(err.value)) < 200, str(err.value)

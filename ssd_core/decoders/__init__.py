@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass, replace
 
-from ..errors import SSDError
+from ..errors import SSDError, shown
 from ..limits import whole_number
 from .ar import ARPolicy
 from .exact import ExactPolicy
@@ -57,8 +57,10 @@ def bench_variant(name: str) -> tuple[str, bool, int | None]:
     """A bench decoder name -> (decoder, without heads, draft rows or None): 'ssd-exact@3:noheads' ->
     ('ssd-exact', True, 3). One SSDError line for rows that are not a whole number in DRAFT_ROWS' limits."""
     base, _, rows = name.removesuffix(NO_HEADS).partition(ROWS_AT)
-    given = int(rows) if rows.isdigit() else rows or None  # '3' -> 3; '' -> None; anything else is refused by name
-    return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {name!r}", given)
+    # '3' -> 3; '' -> None; anything else (other scripts' digits such as '３' too) is refused by name
+    given = rows if len(rows) <= 12 else rows[:12] + "..."  # as the message shows it
+    given = int(rows) if rows.isascii() and rows.isdigit() and len(rows) <= 6 else given or None
+    return base, name.endswith(NO_HEADS), DRAFT_ROWS.check(f"the draft rows of {shown(name)}", given)
 
 
 class _DecoderParams:
