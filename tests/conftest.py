@@ -173,3 +173,32 @@ def model(folder):
     import ssd_core
 
     return ssd_core.load_model(folder, dtype="fp32")
+
+
+@pytest.fixture
+def keep_dir(tmp_path, monkeypatch):
+    """The temp folder write_or_keep keeps a failed write's result in (this test's own)."""
+    import tempfile
+
+    keep = tmp_path / "kept"
+    keep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(keep))
+    return keep
+
+
+def rewrite_safetensors(src, dst=None, meta=None, tensors=None):
+    """A safetensors file written again (to dst, else over src) with some metadata entries and tensors changed
+    (a tensor None: removed) -> the path written."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), "pt") as f:
+        old_meta, old = dict(f.metadata() or {}), {k: f.get_tensor(k) for k in f.keys()}
+    old_meta.update(meta or {})
+    for key, value in (tensors or {}).items():
+        if value is None:
+            old.pop(key)
+        else:
+            old[key] = value
+    save_file(old, str(dst or src), metadata=old_meta)
+    return dst or src

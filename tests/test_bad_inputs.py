@@ -21,6 +21,7 @@ from ssd_core import cli
 from ssd_core.families.llama_grid import LlamaGridModel, read_spec
 from ssd_core.pixel_decoders import reference_vq
 from ssd_core.sampling import SamplerSettings, log_probs
+from conftest import rewrite_safetensors
 from tiny import make_heads, make_llama_grid
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -111,13 +112,8 @@ def _small_vq(folder, root):
 
 def _huge_vq_config(folder, root):
     """Small tensors under a config that would build a huge network: refused from the shapes alone."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    with safe_open(str(folder / "vq.safetensors"), "pt") as f:
-        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
-    meta["config"] = json.dumps(dict(TINY_VQ, channels=[51_200, 102_400]))
-    save_file(tensors, str(folder / "vq.safetensors"), metadata=meta)
+    huge = json.dumps(dict(TINY_VQ, channels=[51_200, 102_400]))
+    rewrite_safetensors(folder / "vq.safetensors", meta={"config": huge})
 
 
 def _outside_weights(root) -> Path:
@@ -462,20 +458,7 @@ def test_any_sampler_values_work_or_say_why(cfg, temperature, top_k, top_p, min_
 
 # ---- heads files ----------------------------------------------------------------------------------------------
 def _heads_with(path, base, meta_changes=None, tensor_changes=None):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    with safe_open(str(base["heads_path"]), "pt") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    meta.update(meta_changes or {})
-    for k, v in (tensor_changes or {}).items():
-        if v is None:
-            tensors.pop(k)
-        else:
-            tensors[k] = v
-    save_file(tensors, str(path), metadata=meta)
-    return path
+    return rewrite_safetensors(base["heads_path"], path, meta=meta_changes, tensors=tensor_changes)
 
 
 HEADS_CASES = [

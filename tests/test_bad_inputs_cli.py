@@ -44,15 +44,6 @@ def no_work(monkeypatch):
         monkeypatch.setattr(module, name, stop)
 
 
-@pytest.fixture
-def keep_dir(tmp_path, monkeypatch):
-    """The temp folder write_or_keep keeps a failed write's result in (this test's own)."""
-    keep = tmp_path / "kept"
-    keep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(keep))
-    return keep
-
-
 def _grids(path, tokens, classes):
     save_file({"tokens": tokens, "classes": classes}, str(path))
     return path

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -107,14 +106,6 @@ def test_train_heads_refuses_a_nul_in_its_out_path_before_the_run(bundled, tmp_p
 
 
 # ---- 3. a rewrite that fails midway keeps the old file ---------------------------------------------------------
-@pytest.fixture
-def keep_dir(tmp_path, monkeypatch):
-    keep = tmp_path / "kept"
-    keep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(keep))
-    return keep
-
-
 def _half_then_full_disk(fail_times: int):
     """A write callback that writes half its content, then fails with ENOSPC (the first `fail_times` calls)."""
     calls = []

@@ -19,6 +19,7 @@ from ssd_core.training import data as train_data
 from ssd_core.training import features as feature_files
 from ssd_core.training import loop
 from ssd_core.training.shards import Shards
+from conftest import rewrite_safetensors
 from test_bad_inputs import one_line
 from tiny import make_llama_grid
 
@@ -86,19 +87,6 @@ def _copy_run(tiny, tmp_path) -> Path:
     run = tmp_path / "run"
     shutil.copytree(tiny["run"], run)
     return run
-
-
-def _rewrite(path: Path, meta=None, tensors=None) -> None:
-    """Rewrite a safetensors file with some metadata entries and tensors changed (None: removed)."""
-    with safe_open(str(path), "pt") as f:
-        old_meta, old = dict(f.metadata() or {}), {k: f.get_tensor(k) for k in f.keys()}
-    old_meta.update(meta or {})
-    for key, value in (tensors or {}).items():
-        if value is None:
-            old.pop(key)
-        else:
-            old[key] = value
-    save_file(old, str(path), metadata=old_meta)
 
 
 def _tensor(path: Path, key: str) -> torch.Tensor:
@@ -187,7 +175,7 @@ def test_damaged_shard_refused_before_training(tiny, tmp_path, no_training, case
             value = _tensor(shard, key).clone()
             value.view(-1)[1] = how
             tensors[key] = value
-    _rewrite(shard, meta, tensors)
+    rewrite_safetensors(shard, meta=meta, tensors=tensors)
     (run / "h.state.safetensors").unlink()
     with pytest.raises(SSDError) as err:
         train_heads(tiny["model"], run / "h.safetensors", TrainConfig(**CFG), log=QUIET)
@@ -228,7 +216,7 @@ def test_damaged_state_refused_before_training(tiny, tmp_path, no_training, monk
     for key, how in change.items():
         key = _heads_key(run) if key == "HEADS" else key
         tensors[key] = None if how is None else how(_tensor(state, key) if key != "opt.x" else None)
-    _rewrite(state, meta, tensors)
+    rewrite_safetensors(state, meta=meta, tensors=tensors)
     monkeypatch.setattr(train_data, "collect_features", _stop("features were computed"))
     with pytest.raises(SSDError) as err:
         train_heads(tiny["model"], run / "h.safetensors", TrainConfig(**CFG), resume=True, log=QUIET)
@@ -389,7 +377,7 @@ def test_features_file_of_other_shapes_is_made_again(tiny, tmp_path):
     prompts, codes, settings, layout = _features_inputs(model)
     path = tmp_path / "f.safetensors"
     feature_files.build(path, model, prompts, codes, settings, layout, 2, log=QUIET)
-    _rewrite(path, tensors={"h": _tensor(path, "h")[..., :-1].contiguous()})
+    rewrite_safetensors(path, tensors={"h": _tensor(path, "h")[..., :-1].contiguous()})
     lines = []
     source, n = feature_files.features_file(path, model, prompts, codes, settings, layout, 2, log=lines.append)
     assert any("holds the features of other grids: made again" in x for x in lines), lines
