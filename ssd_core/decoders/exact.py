@@ -69,7 +69,7 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
     run.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
-    run.note_near_ties(logits[:, slots[:n_final] - C], logp, a, n_final)  # only the final decisions
+    run.note_near_ties(logits[:, slots - C], logp, a, n_final)  # scores only the n_final final decisions
     last_final = run.index.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)
