@@ -39,6 +39,11 @@ def buckets_for(row_stride: int, rows: int = WINDOW_ROWS) -> tuple[int, ...]:
 
 
 POOL_ENTRIES = 2  # static caches a model keeps (one per streams x capacity); the least recently used is freed
+# a cache's shape comes from a few classes, so that a session compiles a bounded set of graphs whatever its prompts
+# and batches: prompt lengths round up to PROMPT_CLASSES (then to multiples of the last), compiled streams to a power
+# of two (a batch of 3 guided images, 6 streams, runs on 8 rows: the spare rows copy row 0, where no image reads)
+PROMPT_CLASSES = (256, 1024, 4096)
+MAX_SHAPES = 6  # (streams, capacity) shapes compiled per model; a shape past them runs the static cache eagerly
 MODES = ("off", "static", "compiled")  # the loaders' option: DynamicCache / static cache eager / compiled
 
 
@@ -51,6 +56,7 @@ class StaticOptions:
     buckets: tuple[int, ...] = BUCKETS
     backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
     pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
+    shapes: set = field(default_factory=set)  # the (streams, capacity) shapes compiled so far (MAX_SHAPES at most)
     lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
 
 
@@ -81,7 +87,22 @@ def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] | None =
     if buckets is None:
         buckets = buckets_for(max(layout.row_stride for layout in layouts))
     model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(set(buckets))), backend)
+    if model.static.compiled:
+        _raise_compile_limits(len(model.static.buckets) * MAX_SHAPES)
     return model
+
+
+_graphs_budgeted = 0  # compiled graphs the enabled models may make in this process (buckets x MAX_SHAPES each)
+
+
+def _raise_compile_limits(graphs: int) -> None:
+    """Every model's step is one code object to dynamo, so its recompile limit (per code object) must hold all the
+    graphs of every compiled model: past it, dynamo would run the step eagerly, silently."""
+    global _graphs_budgeted
+    _graphs_budgeted += graphs
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, _graphs_budgeted)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 2 * _graphs_budgeted)
 
 
 def unsupported_compile(module: torch.nn.Module) -> str | None:
@@ -111,11 +132,22 @@ def offloaded(module: torch.nn.Module) -> str | None:
     return None
 
 
+def prompt_class(prompt_len: int) -> int:
+    """The prompt length a cache is sized for: the first of PROMPT_CLASSES that holds it (then multiples of the last)."""
+    fits = next((c for c in PROMPT_CLASSES if c >= prompt_len), None)
+    return fits if fits is not None else -(-prompt_len // PROMPT_CLASSES[-1]) * PROMPT_CLASSES[-1]
+
+
+def stream_rows(opts: StaticOptions, streams: int) -> int:
+    """The cache's rows for `streams` streams: a power of two when compiled (a graph per class, not per batch size)."""
+    return 1 << (streams - 1).bit_length() if opts.compiled else streams
+
+
 def capacity(opts: StaticOptions, prompt_len: int, images: int = 1) -> int:
-    """Positions of the static cache a prompt of prompt_len tokens gets: the prompt, the model's most slots (twice
-    for a batch of images: a feed is written after the most any row holds, then moved into place) and the widest
-    bucket, rounded up to 64 so that prompts of nearby lengths share a cache."""
-    need = prompt_len + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
+    """Positions of the static cache a prompt of prompt_len tokens gets: its prompt class, the model's most slots
+    (twice for a batch of images: a feed is written after the most any row holds, then moved into place) and the
+    widest bucket, rounded up to 64. Every prompt of a class shares one cache shape (and its compiled graphs)."""
+    need = prompt_class(prompt_len) + opts.slots * (1 if images == 1 else 2) + max(opts.buckets)
     return -(-need // 64) * 64
 
 
@@ -175,10 +207,21 @@ def features_backbone(model) -> torch.nn.Module:
     return twin
 
 
-def _new_cache(model, capacity: int):
+def _new_cache(model, capacity: int, rows: int | None = None):
+    """transformers' StaticCache; rows given: made now on the model's device with that many rows (a compiled cache,
+    whose first prefill may have fewer streams), else each layer's at its first write (its streams, its device)."""
     from transformers import StaticCache
 
-    return StaticCache(config=model.backbone().config, max_cache_len=capacity)  # same call in 4.57 and 5.x
+    config = model.backbone().config
+    cache = StaticCache(config=config, max_cache_len=capacity)  # same call in 4.57 and 5.x
+    if rows is None:
+        return cache
+    cfg = getattr(config, "text_config", None) or config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    cache.early_initialization(rows, kv_heads, head_dim, model.dtype, model.device)
+    return cache
 
 
 def _step_function(model, cache, backend: str | None):
@@ -195,11 +238,24 @@ def _step_function(model, cache, backend: str | None):
 
     if backend is None:
         return step
-    # every (streams, capacity) x bucket is one more compiled entry of this one function
-    if getattr(torch._dynamo.config, "recompile_limit", 64) < 64:
-        torch._dynamo.config.recompile_limit = 64
+    # every (streams, capacity) x bucket is one more compiled entry of this one function (_raise_compile_limits)
     cudagraphs = model.device.type == "cuda" and backend == "inductor"
     return torch.compile(step, backend=backend, mode="reduce-overhead" if cudagraphs else None, dynamic=False)
+
+
+def _may_compile(opts: StaticOptions, key: tuple[int, int]) -> bool:
+    """Whether this cache shape gets compiled steps: the model's first MAX_SHAPES shapes do (those a session meets
+    again replay their graphs); a shape past them runs eagerly, with one warning, instead of compiling anew."""
+    if not opts.compiled:
+        return False
+    if key in opts.shapes or len(opts.shapes) < MAX_SHAPES:
+        opts.shapes.add(key)
+        return True
+    logging.getLogger(__name__).warning(
+        "this model already compiled its steps for %d cache shapes (%s streams x positions); %d streams x %d positions "
+        "runs uncompiled: reload the model to compile for new shapes", MAX_SHAPES,
+        ", ".join(f"{r}x{c}" for r, c in sorted(opts.shapes)), *key)
+    return False
 
 
 def _set_length(cache, length: int) -> None:
@@ -224,7 +280,7 @@ class StaticSession(KVSession):
 
     def __init__(self, model, prompt: Prompt, opts: StaticOptions, images: int = 1):
         self.opts = opts
-        self.rows = prompt.ids.shape[0]  # the cache's rows: the streams it was made for (batch: those still live)
+        self.rows = stream_rows(opts, prompt.ids.shape[0])  # the cache's rows (batch: the streams still live)
         self.capacity = capacity(opts, prompt.ids.shape[1], images)
         key = (self.rows, self.capacity)
         if key in opts.pool:
@@ -232,9 +288,9 @@ class StaticSession(KVSession):
         else:
             while len(opts.pool) >= POOL_ENTRIES:  # free the least recently used cache (and its compiled step)
                 opts.pool.pop(next(iter(opts.pool)))
-            cache = _new_cache(model, self.capacity)
+            cache = _new_cache(model, self.capacity, self.rows if opts.compiled else None)
             opts.pool[key] = (cache, _step_function(model, cache, None),
-                              _step_function(model, cache, opts.backend) if opts.compiled else None)
+                              _step_function(model, cache, opts.backend) if _may_compile(opts, key) else None)
         self.cache, self._eager, self._compiled = opts.pool[key]
         super().__init__(model, prompt)
 
