@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from . import memory, model_files, static_cache, threads
-from .decoders import DecoderParams, make_policy
+from . import calibrate, memory, model_files, static_cache, threads
+from .decoders import DecoderParams, make_policy, picks_rows, uses_heads
 from .engine import decode_batch
 from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
@@ -166,7 +166,8 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
                    cfg: float | None = None, temperature: float | None = None, top_k: int | None = None,
                    top_p: float | None = None, min_p: float | None = None, grid=None, on_step=None,
                    should_cancel=None, decode_pixels: bool = True, score: bool = True,
-                   official_suffix: bool | None = None, **decoder_params) -> list[Result]:
+                   official_suffix: bool | None = None, calibration: calibrate.Calibration | None = None,
+                   **decoder_params) -> list[Result]:
     """Generate a batch of images with one base-model forward per step for all of them -> one Result each.
 
     The images are `prompts` x `seeds` paired in order; a single `prompt` is repeated and a missing `seeds`
@@ -175,6 +176,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     names over params. Every image gets exactly the tokens its own run would get with `ar` and `ssd-exact`; the
     sampler values are shared. on_step receives a Progress whose `image` is the index in the batch.
     official_suffix False leaves Emu3's official positive suffix off its prompts (None / True: on; prompt_switches).
+    calibration: where ssd-exact's pick of rows (draft_rows 0) keeps what it measured (None: the model's own).
     """
     prompts, seeds = _images(prompts, seeds, prompt, seed, batch_size)
     grid = check_grid_value(grid)
@@ -184,13 +186,20 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     d = getattr(model, "defaults", {})
     settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
                 for s in seeds]
-    policies = [make_policy(decoder, params) for _ in seeds]
+    params.for_decoder(decoder)  # an unknown decoder is refused before any work
     check_negative_prompt(model, negative_prompt)
     switches = prompt_switches(model, official_suffix)
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)
     prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid, **switches) for p in prompts]
+    choice = None
+    if picks_rows(decoder, params):  # rows and heads that fit the device, measured once per model (calibrate.py)
+        streams = len(prompts) * (2 if settings[0].guided else 1)
+        with mps_op_errors(), torch.no_grad(), threads.for_sampling(model):
+            choice = calibrate.pick(model, heads if uses_heads(decoder) else None, layout, streams,
+                                    calibration or calibrate.calibration_of(model), images=len(prompts))
+    policies = [make_policy(decoder, params, choice=choice) for _ in seeds]
     # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
     with mps_op_errors():
         with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)

@@ -17,6 +17,7 @@ memory (and in the JSON file named by SSD_CALIBRATION_FILE, when set), so later 
 measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -37,7 +38,7 @@ except ImportError:  # Windows: msvcrt's byte lock instead
     import msvcrt
 
 from . import opcount
-from .session import Prompt, Session
+from .session import Prompt
 from . import static_cache
 
 MAX_ROWS = static_cache.WINDOW_ROWS - 1  # the most rows a pick may use: the buckets fit its widest window
@@ -97,6 +98,7 @@ class Choice:
     heads: bool
     speedup: float  # expected ar time / this choice's time
     source: str  # "measured", "cached", "given" (a cost table passed in) or "offload" (not measured)
+    tuner: "Tuner | None" = field(default=None, compare=False, repr=False)  # moves the rows as the run goes
 
     def params(self) -> dict:
         """The trace's and bench's record of the pick."""
@@ -105,56 +107,124 @@ class Choice:
                 "calibration": self.source}
 
 
-def choose(costs: Costs, heads: bool, source: str = "given") -> Choice:
-    """The choice of least expected time per image (heads: whether heads are there to use); choices within TIE
-    of it count as ties (closer than the measurement can tell), and a tie goes to fewer rows, then to no heads
-    (smaller windows, fewer ops)."""
-    options = [(r, h) for r in range(1, MAX_ROWS + 1) for h in ((False, True) if heads else (False,))]
-    time_of = {o: STEPS_SHARE[o] * costs.step_s(*o) for o in options}
+def choose(costs: Costs, heads: bool, source: str = "given", shares: dict | None = None, rows: int | None = None,
+           use: bool | None = None, fixed_heads: bool = False) -> Choice:
+    """The choice of least expected time per image (heads: whether heads are there to use; shares: steps per cell
+    of each choice, STEPS_SHARE when None; rows / use: only choices with those rows / that heads flag;
+    fixed_heads: heads are used as `heads` says); choices within TIE of it count as ties (closer than the
+    measurement can tell), and a tie goes to fewer rows, then to no heads (smaller windows, fewer ops)."""
+    shares = STEPS_SHARE if shares is None else shares
+    flags = (heads,) if fixed_heads else (False, True) if heads else (False,)
+    options = [(r, h) for r in range(1, MAX_ROWS + 1) for h in flags
+               if (rows is None or r == rows) and (use is None or h == use)]
+    time_of = {o: shares[o] * costs.step_s(*o) for o in options}
     least = min(time_of.values())
     best = min(o for o in options if time_of[o] <= least * (1 + TIE))  # (rows, heads): fewer rows, then no heads
     return Choice(best[0], best[1], costs.ar_step_s() / time_of[best], source)
 
 
-_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: Costs}
-_head_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {shape: seconds}
-_lock = threading.Lock()
+class Calibration:
+    """What ssd-exact's picks have measured, handed to `pick` (api.py gives each model its own: calibration_of):
+    costs per key (model, dtype, device, grid, streams, compile mode; also in the JSON file `path`,
+    SSD_CALIBRATION_FILE when None), the heads' call time per heads object and shape, and the cells and steps runs
+    observed per key and (rows, heads): the model's own acceptance, from which later picks and a running image's
+    rows come."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self.costs: dict[str, Costs] = {}
+        self.head_s: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # heads -> {shape: seconds}
+        self.observed: dict[str, dict[tuple[int, bool], list[int]]] = {}  # key -> {(rows, heads): [cells, steps]}
+        self.lock = threading.RLock()
+
+    def file(self) -> str | None:
+        return self.path if self.path is not None else _path()
+
+    def shares(self, key: str) -> dict[tuple[int, bool], float]:
+        """Steps per image cell of every choice for this key: observed where runs made MIN_OBSERVED cells with it,
+        else the bundled table's scaled by the observed / table ratio of the nearest observed choice (heads alike
+        first): a model whose heads draft worse than the bundled one's gets every share raised, not just one."""
+        seen = {o: steps / cells for o, (cells, steps) in self.observed.get(key, {}).items() if cells >= MIN_OBSERVED}
+        out = {}
+        for o, table in STEPS_SHARE.items():
+            near = min(seen, key=lambda n: (n[1] != o[1], abs(n[0] - o[0]), n[0]), default=None)
+            out[o] = seen[o] if o in seen else table * (seen[near] / STEPS_SHARE[near] if near is not None else 1.0)
+        return out
+
+    def observe(self, key: str, choice: tuple[int, bool], cells: int, steps: int) -> None:
+        with self.lock:
+            totals = self.observed.setdefault(key, {}).setdefault(choice, [0, 0])
+            totals[0] += cells
+            totals[1] += steps
 
 
-def pick(run, costs: Costs | None = None) -> Choice:
-    """ssd-exact's rows and heads for this run (its model, device, streams, grid; heads if the run has them):
-    from `costs` when given, else from the cached or newly measured costs."""
-    heads = run.heads is not None
-    if costs is not None:
-        return choose(costs, heads)
-    model = run.model
+def calibration_of(model) -> Calibration:
+    """The model's own Calibration (made on first use; it lives as long as the loaded model)."""
+    found = getattr(model, "calibration", None)
+    if not isinstance(found, Calibration):
+        found = Calibration()
+        model.calibration = found
+    return found
+
+
+MIN_OBSERVED = 16  # image cells a choice must have made before its observed share replaces the table's
+CONSERVATIVE_ROWS = 1  # a model's first ssd-exact image starts here (its acceptance unknown: the narrowest window)
+
+
+@dataclass
+class Tuner:
+    """ssd-exact's rows while an image runs: each stretch of cells it makes (a row's worth) is recorded as the
+    model's own acceptance at those rows, and the rows are picked again from the shares so far (heads stay as
+    picked). The image never changes, only how far the window reaches."""
+
+    calibration: Calibration
+    key: str
+    costs: Costs
+    heads: bool
+    source: str
+
+    def rows_after(self, rows: int, cells: int, steps: int) -> int:
+        """The rows for the next stretch, after `cells` cells made final in `steps` steps at `rows` rows."""
+        self.calibration.observe(self.key, (rows, self.heads), cells, steps)
+        shares = self.calibration.shares(self.key)
+        return choose(self.costs, self.heads, self.source, shares, fixed_heads=True).rows
+
+
+def pick(model, heads, layout, streams: int, calibration: Calibration, images: int = 1,
+         costs: Costs | None = None) -> Choice:
+    """ssd-exact's rows and heads for a generation of `streams` stream rows (`images` images) on this model, grid
+    and device: from `costs` when given, else the calibration's (measured now, with the session kind and compile
+    mode the generation will use, when not known yet). Before any run of the model has been observed the rows
+    start at CONSERVATIVE_ROWS; the choice's tuner moves them as the run measures its acceptance."""
+    has_heads = heads is not None
     inner = getattr(model, "model", None)  # the transformers module
-    if isinstance(inner, torch.nn.Module) and static_cache.offloaded(inner):
+    if costs is None and isinstance(inner, torch.nn.Module) and static_cache.offloaded(inner):
         # weights move in every forward: its cost is flat in the window, and timing it would take many slow
         # forwards; the widest window with the heads, unmeasured
-        return Choice(MAX_ROWS, heads, float("nan"), "offload")
-    streams = int(run.prompt_features.shape[0])
-    key = _key(model, run.layout, streams)
-    with _lock:
-        held = _memory.setdefault(model, {})
-        source = "cached"
-        if key not in held:
-            found = _read_file(key)
-            if found is None:
+        return Choice(MAX_ROWS, has_heads, float("nan"), "offload")
+    key = _key(model, layout, streams)
+    with calibration.lock:
+        source = "given" if costs is not None else "cached"
+        if costs is None:
+            costs = calibration.costs.get(key) or _read_file(calibration.file(), key)
+            if costs is None:
                 with opcount.uncounted():  # one-time work, no step's overhead
-                    found = measure(model, run.layout, streams)
-                _write_file(key, found)
+                    costs = measure(model, layout, streams, images)
+                _write_file(calibration.file(), key, costs)
                 source = "measured"
-            held[key] = found
-        costs = held[key]
-        if heads:  # the heads' own flops (per heads object and shape: a few ms to time)
-            timed = _head_memory.setdefault(run.heads, {})
-            shape = (streams, run.layout.grid[1], str(model.device))
+            calibration.costs[key] = costs
+        if has_heads and not costs.head_s:  # the heads' own flops (per heads object and shape: a few ms to time)
+            timed = calibration.head_s.setdefault(heads, {})
+            shape = (streams, layout.grid[1], str(model.device))
             if shape not in timed:
                 with opcount.uncounted():
-                    timed[shape] = head_seconds(run.heads, streams, run.layout.grid[1], model.device)
+                    timed[shape] = head_seconds(heads, streams, layout.grid[1], model.device)
             costs = replace(costs, head_s=timed[shape])
-        return choose(costs, heads, source)
+        shares = calibration.shares(key)
+        best = choose(costs, has_heads, source, shares)
+        if key not in calibration.observed:  # acceptance unknown: start narrow, the tuner widens from what runs
+            best = choose(costs, has_heads, source, shares, rows=CONSERVATIVE_ROWS, use=best.heads)
+        return replace(best, tuner=Tuner(calibration, key, costs, best.heads, source))
 
 
 def _key(model, layout, streams: int) -> str:
@@ -162,40 +232,39 @@ def _key(model, layout, streams: int) -> str:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     ident = getattr(getattr(getattr(model, "model", None), "config", None), "_name_or_path", "") or model.family
     H, W = layout.grid
-    return f"{model.family}|{ident}|{str(model.dtype).removeprefix('torch.')}|{name}|{H}x{W}|{streams} streams"
-
-
-class TimingSession(Session):
-    """The calibration's throwaway KV session: a DynamicCache Session whose forwards are no generation's steps.
-    Its forward is Session's own, taken when this module loaded, so what watches a generation's sessions
-    (opcount's steps, timing and host-copy counters that wrap Session.forward) does not see the calibration."""
-
-    forward = Session.forward
+    mode = static_cache.mode_of(model)  # a compiled step costs another time than an eager one
+    return f"{model.family}|{ident}|{str(model.dtype).removeprefix('torch.')}|{name}|{H}x{W}|{streams} streams" + \
+        ("" if mode == "off" else f"|{mode}")
 
 
 @torch.no_grad()
-def measure(model, layout, streams: int) -> Costs:
+def measure(model, layout, streams: int, images: int = 1) -> Costs:
     """Time the forward and window logits of one token and of ssd-exact's mean windows at 1..MAX_ROWS rows, each
-    over the keys of half the image (a TimingSession: a running generation's caches are not touched), REPEATS
-    times (the least counts), and a policy's ops. The prompt is a few image-token ids (any family takes them; no
-    tokenizer needed), as many streams as the run's."""
+    over the keys of half the image, REPEATS times (the least counts), and a policy's ops. The session is the kind
+    the generation gets (model.start: the static cache, compiled or not, in the shape the generation's prompt class
+    gets), made before the generation starts; a compiled one runs every window once first, so that no compile is
+    timed. The prompt is a few image-token ids (any family takes them; no tokenizer needed), the run's streams."""
     stride = layout.row_stride
     windows = Costs({}, 0.0, stride).windows()
     half = min(layout.num_slots // 2, CONTEXT_CAP)
     ids = model.code_to_id(torch.zeros(layout.num_slots + max(windows), dtype=torch.long, device=model.device))
     op_s = _op_seconds(model.device, stride, model.image_vocab_size)
     prompt = Prompt(ids[:4].cpu().expand(streams, 4).clone(), torch.ones(streams, 4, dtype=torch.bool))
-    session = TimingSession(model, prompt)
-    for lo in range(0, half, stride):  # the context: half an image's keys, a row a forward (windows a step feeds)
-        session.forward(ids[lo:min(lo + stride, half)])
+    static = getattr(model, "static", None)
+    warm_up = 1 if static_cache.mode_of(model) == "compiled" else 0
     best = {}
-    for _ in range(REPEATS):
-        for w in windows:
-            start = time.perf_counter()
-            feats = session.forward(ids[half:half + w])
-            model.image_logits(feats).sum().item()  # the window's logits, as a step makes them; a host read waits
-            best[w] = min(best.get(w, float("inf")), time.perf_counter() - start)
-            session.crop(half)
+    with static.lock if static is not None else contextlib.nullcontext():  # the static cache: one user at a time
+        session = model.start(prompt, images)
+        for lo in range(0, half, stride):  # the context: half an image's keys, a row a forward (windows a step feeds)
+            session.forward(ids[lo:min(lo + stride, half)])
+        for i in range(warm_up + REPEATS):
+            for w in windows:
+                start = time.perf_counter()
+                feats = session.forward(ids[half:half + w])
+                model.image_logits(feats).sum().item()  # the window's logits, as a step makes them; a host read waits
+                if i >= warm_up:
+                    best[w] = min(best.get(w, float("inf")), time.perf_counter() - start)
+                session.crop(half)
     best[1] = min(best.values())  # a wider window reads the same weights: one token slower than it is noise
     return Costs(best, op_s, stride)
 
@@ -325,14 +394,12 @@ def _costs_of(entry) -> Costs | None:
     return costs if all(one * PLAUSIBLE_FLOOR <= s <= MAX_FORWARD_S for s in costs.forward_s.values()) else None
 
 
-def _read_file(key: str) -> Costs | None:
-    path = _path()
+def _read_file(path: str | None, key: str) -> Costs | None:
     return _costs_of(_load(path).get(key)) if path else None
 
 
-def _write_file(key: str, costs: Costs) -> None:
+def _write_file(path: str | None, key: str, costs: Costs) -> None:
     """Merge one entry into the file under an inter-process lock, via a unique temp file renamed over it."""
-    path = _path()
     if not path:
         return
     folder = os.path.dirname(os.path.abspath(path))

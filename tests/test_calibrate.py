@@ -10,6 +10,7 @@ import ssd_core
 from ssd_core import calibrate
 from ssd_core.calibrate import Costs, choose
 from ssd_core.decoders import make_policy
+from ssd_core.errors import SSDError
 from ssd_core.run import Run
 from ssd_core.sampling import SamplerSettings
 from tiny import tiny_model_and_heads
@@ -72,29 +73,34 @@ def tiny(tmp_path_factory):
     return tiny_model_and_heads(tmp_path_factory.mktemp("m") / "model", grid=(4, 5), row_end=True)
 
 
-def _begin(model, heads, costs, monkeypatch):
+def _begin(model, heads, costs):
     layout = model.layout(None)
     session = model.start(model.build_prompt(1, "", True, layout.grid))
     run = Run(model, heads, layout, SamplerSettings(seed=0, cfg=2.0), session.last_features)
-    policy = make_policy("ssd-exact")
-    monkeypatch.setattr(calibrate, "pick", lambda run: calibrate.choose(costs, run.heads is not None))
+    policy = make_policy("ssd-exact", choice=calibrate.choose(costs, heads is not None))
     policy.begin(run)
     return policy
 
 
 def test_draft_rows_0_picks_and_the_trace_says_what(tiny, monkeypatch):
     model, heads = tiny
-    policy = _begin(model, heads, flat(), monkeypatch)
+    policy = _begin(model, heads, flat())
     assert policy.rows == 4 and policy.drafter.uses_heads
     assert policy.params["draft_rows_picked"] == 4 and policy.params["heads_used"] is True
-    policy = _begin(model, heads, dear(), monkeypatch)
+    policy = _begin(model, heads, dear())
     assert not policy.drafter.uses_heads and policy.params["heads_used"] is False
+    monkeypatch.setattr(calibrate, "pick", lambda *a, **k: calibrate.choose(dear(), True))
     kw = dict(prompt=1, seed=3, cfg=2.0, top_k=6, score=False)
     r = ssd_core.generate(model, heads, decoder="ssd-exact", **kw)
     assert r.trace.settings["heads_used"] is False and r.trace.settings["draft_rows_picked"] == \
         choose(dear(), True).rows
     assert ssd_core.generate(model, heads, decoder="ssd-exact", draft_rows=2, **kw).trace.settings.get(
         "draft_rows_picked") is None  # rows asked for: nothing picked
+
+
+def test_the_engine_wants_a_number_of_rows():
+    with pytest.raises(SSDError, match="draft_rows 0 means rows picked for the model and device"):
+        make_policy("ssd-exact")
 
 
 @pytest.mark.parametrize("seed", [0, 5])
@@ -106,7 +112,7 @@ def test_the_image_is_ars_whatever_is_picked(tiny, monkeypatch, seed):
     for rows in (1, 2, 3, 4):
         for use in (True, False):
             forced = calibrate.Choice(rows, use, 1.0, "given")
-            monkeypatch.setattr(calibrate, "pick", lambda run, forced=forced: forced)
+            monkeypatch.setattr(calibrate, "pick", lambda *a, forced=forced, **k: forced)
             r = ssd_core.generate(model, heads, decoder="ssd-exact", **kw)
             assert torch.equal(r.tokens, ar.tokens), (rows, use)
             assert r.trace.settings["draft_rows_picked"] == rows and r.trace.settings["heads_used"] is use
@@ -115,32 +121,33 @@ def test_the_image_is_ars_whatever_is_picked(tiny, monkeypatch, seed):
 
 
 def test_measured_costs_are_cached_per_model_and_in_the_file(tiny, tmp_path, monkeypatch):
-    """The first pick measures (a fraction of a second on a tiny model); later ones read the memory, and a new
-    process (here: an empty memory) the JSON file; a damaged file is measured again."""
+    """The first pick measures (a fraction of a second on a tiny model); later ones read the calibration, and a
+    new process (here: a new Calibration) the JSON file; a damaged file is measured again."""
     model, heads = tiny
     path = tmp_path / "cal" / "calibration.json"
     monkeypatch.setenv("SSD_CALIBRATION_FILE", str(path))
-    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
     layout = model.layout(None)
-    session = model.start(model.build_prompt(1, "", True, layout.grid))
-    run = Run(model, heads, layout, SamplerSettings(seed=0, cfg=2.0), session.last_features)
-    first = calibrate.pick(run)
+
+    def pick(calibration):
+        return calibrate.pick(model, heads, layout, 2, calibration)
+
+    memory = calibrate.Calibration()
+    first = pick(memory)
     assert first.source == "measured" and 1 <= first.rows <= calibrate.MAX_ROWS
     entry = next(iter(json.loads(path.read_text()).values()))
     assert set(entry) == {"forward_s", "op_s", "row_stride"} and entry["op_s"] > 0
-    assert calibrate.pick(run).source == "cached"
-    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
-    again = calibrate.pick(run)
+    assert pick(memory).source == "cached"
+    again = pick(calibrate.Calibration())
     assert again.source == "cached" and (again.rows, again.heads) == (first.rows, first.heads)
     path.write_text("{not json")
-    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
-    assert calibrate.pick(run).source == "measured"
+    assert pick(calibrate.Calibration()).source == "measured"
     data = json.loads(path.read_text())  # a file from a version that timed other windows: measured again
     for entry in data.values():
         entry["forward_s"] = {"1": 0.01, "7": 0.02}
     path.write_text(json.dumps(data))
-    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
-    assert calibrate.pick(run).source == "measured"
+    assert pick(calibrate.Calibration()).source == "measured"
+    assert pick(calibrate.Calibration(path=str(tmp_path / "other.json"))).source == "measured"  # a file of its own
+    assert calibrate.calibration_of(model) is calibrate.calibration_of(model)  # the model's own, kept with it
 
 
 def test_a_one_token_forward_slowed_by_a_busy_machine_still_makes_a_cache_entry(tiny, monkeypatch):
@@ -150,20 +157,95 @@ def test_a_one_token_forward_slowed_by_a_busy_machine_still_makes_a_cache_entry(
     again by every later process."""
     import time
 
+    from ssd_core.session import Session
+
     model, _ = tiny
-    forward = calibrate.TimingSession.forward
+    forward = Session.forward
 
     def slow_single(self, ids, *a, **k):  # one token 50 ms late: another job took the core
         if ids.shape[-1] == 1:
             time.sleep(0.05)
         return forward(self, ids, *a, **k)
 
-    monkeypatch.setattr(calibrate.TimingSession, "forward", slow_single)
+    monkeypatch.setattr(Session, "forward", slow_single)
     costs = calibrate.measure(model, model.layout(None), 2)
     assert costs.forward_s[1] <= min(costs.forward_s.values())
     entry = {k: v for k, v in calibrate.asdict(costs).items() if k != "head_s"}
     entry["forward_s"] = {str(w): s for w, s in entry["forward_s"].items()}
     assert calibrate._costs_of(json.loads(json.dumps(entry))) is not None
+
+
+# ---- the pick from what runs (issue 38): the generation's session kind, the model's own acceptance ----------------
+def test_the_calibration_times_the_compiled_step_after_its_compile(tmp_path, monkeypatch):
+    """A compiled model is timed through its static cache, in the shape its generation gets, each window run once
+    before it is timed: a compile (here a 0.3 s sleep on each first call of a window size) is never in the costs."""
+    from ssd_core import static_cache
+
+    model, _ = tiny_model_and_heads(tmp_path / "m", grid=(4, 5), row_end=True)
+    static_cache.enable(model, "compiled", backend="eager")  # graph capture only: quick
+    seen, step = set(), static_cache.StaticSession._step
+
+    def first_call_compiles(self, embeds, allowed, pos, start, compiled):
+        if compiled and (self.rows, self.capacity, embeds.shape[1]) not in seen:
+            seen.add((self.rows, self.capacity, embeds.shape[1]))
+            time.sleep(0.3)
+        return step(self, embeds, allowed, pos, start, compiled)
+
+    import time
+
+    monkeypatch.setattr(static_cache.StaticSession, "_step", first_call_compiles)
+    layout = model.layout(None)
+    costs = calibrate.measure(model, layout, 2)
+    assert max(costs.forward_s.values()) < 0.3 and seen  # compiled windows ran, none timed with its compile
+    generation_shape = (2, static_cache.capacity(model.static, 30))
+    assert {(r, c) for r, c, _ in seen} == {generation_shape}  # the shape a prompt of the 256 class gets
+    assert calibrate._key(model, layout, 2).endswith("|compiled")
+
+
+def forced_costs(stride: int, forward, op_s: float = 1e-6) -> Costs:
+    return Costs({w: forward(w) for w in Costs({}, 0, stride).windows()}, op_s, stride)
+
+
+def test_a_first_image_starts_narrow_and_the_rows_follow_its_acceptance(tmp_path):
+    """No acceptance observed yet: the first image starts at CONSERVATIVE_ROWS; on a device where every window
+    costs one token's time (forced costs) the tuner widens the window as the image runs, and the next image starts
+    from what the first observed. The tokens are ar's throughout."""
+    model, heads = tiny_model_and_heads(tmp_path / "m", grid=(6, 5), row_end=True)
+    layout = model.layout(None)
+    memory = calibrate.Calibration(path="")  # no file
+    memory.costs[calibrate._key(model, layout, 2)] = forced_costs(layout.row_stride, lambda w: 4e-3)
+    kw = dict(prompt=1, seed=2, cfg=3.0, score=False, calibration=memory)
+    ar = ssd_core.generate(model, None, decoder="ar", **{k: v for k, v in kw.items() if k != "calibration"})
+    first = ssd_core.generate(model, heads, decoder="ssd-exact", **kw)
+    assert torch.equal(first.tokens, ar.tokens)
+    assert first.trace.settings["draft_rows_picked"] > calibrate.CONSERVATIVE_ROWS  # widened while it ran
+    observed = memory.observed[calibrate._key(model, layout, 2)]
+    used = first.trace.settings["heads_used"]
+    assert (calibrate.CONSERVATIVE_ROWS, used) in observed and sum(c for c, _ in observed.values()) >= 20
+    second = calibrate.pick(model, heads, layout, 2, memory)
+    assert second.rows > calibrate.CONSERVATIVE_ROWS  # starts from the observed acceptance, not narrow again
+    again = ssd_core.generate(model, heads, decoder="ssd-exact", **{**kw, "seed": 3})
+    assert torch.equal(again.tokens, ssd_core.generate(model, None, decoder="ar", prompt=1, seed=3, cfg=3.0,
+                                                       score=False).tokens)
+
+
+def test_a_model_whose_heads_draft_worse_than_the_bundled_ones_gets_fewer_rows():
+    """The same costs, two models: one whose observed steps per cell are the bundled table's, one whose wider
+    windows gain nothing (its heads' drafts are rejected): the second is picked fewer rows."""
+    costs = forced_costs(STRIDE, lambda w: 0.004 + 0.0001 * w)
+    like_bundled, poor = calibrate.Calibration(path=""), calibrate.Calibration(path="")
+    for rows in (1, 2, 3):
+        like_bundled.observe("k", (rows, True), 1000, round(1000 * calibrate.STEPS_SHARE[rows, True]))
+        poor.observe("k", (rows, True), 1000, 900)  # ~ar: a step makes about one cell whatever the window
+    good = choose(costs, True, shares=like_bundled.shares("k"), fixed_heads=True)
+    bad = choose(costs, True, shares=poor.shares("k"), fixed_heads=True)
+    assert good.rows >= 2 and bad.rows == 1
+    share = calibrate.STEPS_SHARE  # unobserved: the table's, scaled as the nearest observed choice (3 rows) is
+    assert poor.shares("k")[4, True] == pytest.approx(share[4, True] * 0.9 / share[3, True])
+    assert like_bundled.shares("k")[4, True] == pytest.approx(calibrate.STEPS_SHARE[4, True], rel=0.01)
+    few = calibrate.Calibration(path="")
+    few.observe("k", (2, True), calibrate.MIN_OBSERVED - 1, 10)  # too few cells to count yet
+    assert few.shares("k") == calibrate.STEPS_SHARE
 
 
 def test_bench_and_the_stats_say_what_was_picked():

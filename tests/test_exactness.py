@@ -50,7 +50,9 @@ def test_the_issues_cell_is_a_near_tie_that_rounding_decides(reference):
     layout = model.layout()
     r, c = CELL
     slot = int(layout.slot_of_cell[r * layout.grid[1] + c])
-    assert int(ar.tokens[r, c]) == 247
+    # which of the two codes wins is the CPU's rounding: 247 on the machine of the report, 373 on some (an AMD
+    # EPYC here, where even the test's own one-slot replay of ar may land on the other one)
+    assert int(ar.tokens[r, c]) in (247, 373)
     prompt = model.build_prompt(CLASS, "", True, layout.grid)
     ids = layout.forced.clone()
     ids[layout.slot_of_cell] = model.code_to_id(ar.tokens.flatten())
@@ -60,15 +62,16 @@ def test_the_issues_cell_is_a_near_tie_that_rounding_decides(reference):
     # last bits, and the decision's margin (best minus second perturbed score, codes 247 and 373) moves with them
     one_code, one_margin, one_raw = _decide(model, prompt, ids, slot, [1] * slot, s)
     win_code, win_margin, win_raw = _decide(model, prompt, ids, slot, [slot], s)
-    assert one_code == win_code == 247
+    assert {one_code, win_code} <= {247, 373}
+    other = 373 if one_code == 247 else 247
     raw_gap = float((one_raw - win_raw).abs().max())
     assert 0 < raw_gap < 1e-4  # rounding, not a bug: a few ulps of the logits
     assert one_margin != win_margin and max(one_margin, win_margin) < 2e-5
-    # a raw-logit change no larger than the one the window made here flips it to the reporter's 373 (how much
+    # a raw-logit change no larger than the one the window made here flips it to the other code (how much
     # smaller depends on the CPU's kernels: 6x on one of this project's machines, 2x on another)
     shift = torch.zeros_like(one_raw)
-    shift[0, 373] = raw_gap
-    assert _decide(model, prompt, ids, slot, [1] * slot, s, shift)[0] == 373
+    shift[0, other] = raw_gap
+    assert _decide(model, prompt, ids, slot, [1] * slot, s, shift)[0] == other
     # ssd-exact names that cell as its first near-tie: its picture may differ from ar's from there
     ex = ssd_core.generate(model, heads, prompt=CLASS, seed=SEED, decoder="ssd-exact", draft_rows=4,
                            decode_pixels=False, score=False)

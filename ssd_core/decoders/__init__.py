@@ -162,10 +162,18 @@ def without_heads() -> str:
     return ", ".join(HEADLESS[:-1]) + f" or {HEADLESS[-1]}" if len(HEADLESS) > 1 else HEADLESS[0]
 
 
-def make_policy(name: str, params: DecoderParams | None = None, /, **values):
+def make_policy(name: str, params: DecoderParams | None = None, /, choice=None, **values):
     """The policy of decoder `name` with `params` (DecoderParams; None: the defaults) and any parameter values
-    given by name (checked against their limits, used or not). policy.params: the values it runs with."""
+    given by name (checked against their limits, used or not); choice: ssd-exact's rows and heads picked for the
+    device (calibrate.pick; api.py makes it for draft_rows 0). policy.params: the values it runs with."""
     kwargs = DecoderParams.of(params, **values).for_decoder(name)
-    policy = spec(name).policy(**kwargs)
-    policy.params = kwargs
+    if choice is not None and name != "ssd-exact":
+        raise SSDError(f"a picked choice of draft rows is ssd-exact's, not {name!r}'s")
+    policy = spec(name).policy(**kwargs, **({"choice": choice} if choice is not None else {}))
+    policy.params = {**kwargs, **getattr(policy, "params", {})}
     return policy
+
+
+def picks_rows(name: str, params: DecoderParams) -> bool:
+    """Whether this decoder's rows are picked for the model and device (ssd-exact with draft_rows 0 or unset)."""
+    return name == "ssd-exact" and not params.draft_rows

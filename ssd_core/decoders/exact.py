@@ -12,6 +12,7 @@ Without heads the new rows start as copies of the row above, and the first row f
 output. The choices and their measured steps and ops per step: docs/speed.md, "GPUs and Macs"."""
 
 from .. import calibrate, exactness
+from ..errors import SSDError
 from ..run import Policy, Run
 from .drafting import Drafter, coupled, drafter_for, rows_end
 
@@ -25,18 +26,23 @@ class ExactPolicy(Policy):
     needs_heads = False
     uses_heads = True  # heads draft when given; without, rows start as copies of the row above
 
-    def __init__(self, draft_rows: int):  # decoders.make_policy passes every parameter (DECODER_SPECS' defaults)
-        self.draft_rows = draft_rows  # 0: picked for the model and device (calibrate.py)
+    def __init__(self, draft_rows: int, choice: calibrate.Choice | None = None):
+        """draft_rows: a number (decoders.make_policy); choice: rows and heads picked for the model and device
+        (api.py, before the policy is made, for draft_rows 0), whose tuner moves the rows as the image goes."""
+        if not draft_rows and choice is None:
+            raise SSDError("ssd-exact's draft_rows 0 means rows picked for the model and device, which "
+                           "ssd_core.generate does (calibrate.pick); give the engine a number of rows, or a choice")
+        self.draft_rows = draft_rows  # as given (0: picked)
+        self.rows, self.use_heads, self.tuner = draft_rows, True, None
+        if choice is not None:  # only steps and time change, never the image
+            self.rows, self.use_heads, self.tuner = choice.rows, choice.heads, choice.tuner
+        self.params = {"draft_rows": draft_rows, **(choice.params() if choice is not None else {})}
 
     def begin(self, run: Run) -> None:
-        self.rows, use_heads = self.draft_rows, True
-        if not self.rows:  # rows and heads that fit the device: only steps and time change, never the image
-            choice = calibrate.pick(run)
-            self.rows, use_heads = choice.rows, choice.heads
-            self.params = {**self.params, **choice.params()}  # the trace and bench say what was picked
+        self.stretch = (0, 0)  # (final cells, steps) when the tuner last looked
         # the heads' drafts (Gumbel-coupled, a new row in JACOBI_SWEEPS sweeps, FIRST_ROW_REDRAFT cells re-drafted
         # after a correction in the first row), or without heads copies of the row above
-        self.drafter = drafter_for(run, use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
+        self.drafter = drafter_for(run, self.use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
         if run.prompt is not None:  # the trace then names the decisions the window's rounding could flip
             run.track_exactness(exactness.error_bound(run.model, run.prompt, run.ids))
 
@@ -44,6 +50,11 @@ class ExactPolicy(Policy):
         latest = verify(run, logits, self.drafter)
         if run.done:
             return
+        cells, steps = run.final_cells - self.stretch[0], run.steps - self.stretch[1]
+        if self.tuner is not None and cells >= run.layout.grid[1]:  # a row's worth made: its acceptance counts
+            self.rows = self.tuner.rows_after(self.rows, cells, steps)
+            self.stretch = (run.final_cells, run.steps)
+            self.params["draft_rows_picked"] = self.rows  # the trace says the rows it ended with
         self.drafter.draft(run, rows_end(run, run.final_end, self.rows), latest)
 
 
