@@ -2,9 +2,10 @@
 
 Prints, within its time budget (default 540 s after the model is built): the verify-cost curve (one window
 forward of 1..128 tokens over a half-full cache, eager and compiled), then one image per decoder (ar, ssd,
-ssd-exact, sjd) eager and compiled: steps, wall, ms per step, the step and wall ratios against ar, and peak
-memory; compile time is shown apart. Random weights: acceptance (so the steps of ssd and sjd) says nothing
-about a trained model; the cost of a step, eager vs compiled, does.
+ssd-exact, sjd, or those --decoders names) eager and compiled: steps, wall, ms per step, the step and wall
+ratios against ar, and peak memory; compile time is shown apart. Random weights: acceptance (so the steps of
+ssd and sjd) says nothing about a trained model; the cost of a step, eager vs compiled, does. The model and its
+random heads are built in bf16 on the GPU (tools/random_models.py: no float32 copy, so a 24 GB card holds it).
 
   python -m tools.bench_gpu          # on a CUDA machine, no edit needed (make bench-gpu)
   python -m tools.bench_gpu --dry    # the same code on the CPU at a tiny shape, in seconds (a test runs it)
@@ -20,14 +21,14 @@ import torch
 
 from ssd_core import static_cache
 from ssd_core.api import generate
-from ssd_core.heads import DraftHeads
-from tools.random_models import random_model
+from tools.random_models import random_heads, random_model
 
 DECODERS = ("ar", "ssd", "ssd-exact", "sjd")
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 512, "codes": 64,
-        "image_size": 64, "patch_size": 8}  # --dry: an 8x8 grid
+        "image_size": 64, "patch_size": 8, "vq_base_channels": 32, "vq_channel_multiplier": [1, 1],
+        "vq_latent_channels": 32}  # --dry: an 8x8 grid
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]  # token ids (a random model has no tokenizer)
 
 
@@ -56,9 +57,9 @@ def verify_curve(model, lengths=LENGTHS, repeats: int = 5) -> dict[int, float]:
     return out
 
 
-def run_decoders(model, heads, seed: int, log) -> list[dict]:
+def run_decoders(model, heads, seed: int, log, decoders=DECODERS) -> list[dict]:
     rows = []
-    for decoder in DECODERS:
+    for decoder in decoders:
         r = generate(model, heads if decoder in ("ssd", "ssd-exact") else None, prompt=PROMPT, decoder=decoder,
                      seed=seed, decode_pixels=False, score=False)
         tr = r.trace
@@ -88,6 +89,8 @@ def main(argv=None) -> int:
                    f"{','.join(map(str, static_cache.BUCKETS))}; fewer compile sooner)")
     p.add_argument("--lengths", default=None, help="comma list of window lengths of the verify-cost curve "
                    f"(default {','.join(map(str, LENGTHS))})")
+    p.add_argument("--decoders", default=",".join(DECODERS), help=f"comma list, ar first (default "
+                   f"{','.join(DECODERS)})")
     args = p.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
     buckets, lengths = static_cache.BUCKETS, LENGTHS
@@ -103,19 +106,25 @@ def main(argv=None) -> int:
         buckets = tuple(int(b) for b in args.buckets.split(","))
     if args.lengths:
         lengths = tuple(int(n) for n in args.lengths.split(","))
+    decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+    if not decoders or decoders[0] != "ar" or any(d not in DECODERS for d in decoders):
+        print(f"error: --decoders must start with ar and name only {', '.join(DECODERS)}, got {args.decoders!r}",
+              flush=True)
+        return 2
     t0 = time.perf_counter()
     model = random_model("janus", shapes, device=device, dtype=dtype, seed=args.seed)
-    torch.manual_seed(args.seed)
-    heads = DraftHeads.for_model(model).to(device=device, dtype=dtype).eval()
+    heads = random_heads(model, seed=args.seed)  # built on the device in the model's dtype
+    built_s = time.perf_counter() - t0
     name = "tiny (dry)" if args.dry else args.shapes
     log(f"model {name} random-init {str(dtype).replace('torch.', '')} on {device} "
         f"({sum(p.numel() for p in model.model.parameters()) / 1e9:.2f} B parameters), grid "
-        f"{model.default_grid[0]}x{model.default_grid[1]}, built in {time.perf_counter() - t0:.0f} s")
+        f"{model.default_grid[0]}x{model.default_grid[1]}, built in {built_s:.1f} s")
     if device.type == "cuda":
         log(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     start = time.perf_counter()
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
-    report: dict = {"model": name, "dtype": str(dtype), "device": str(device), "buckets": list(buckets), "modes": {}}
+    report: dict = {"model": name, "dtype": str(dtype), "device": str(device), "buckets": list(buckets),
+                    "decoders": list(decoders), "built_s": round(built_s, 1), "modes": {}}
     for mode in ("off", "compiled"):
         if left() <= 0:
             log(f"[{mode}] skipped: the {args.budget:.0f} s budget is spent")
@@ -135,7 +144,9 @@ def main(argv=None) -> int:
             log(f"[{mode}] decoders skipped: the {args.budget:.0f} s budget is spent")
         else:
             log(f"[{mode}] one image per decoder, seed {args.seed}:")
-            entry["rows"] = run_decoders(model, heads, args.seed, log)
+            t = time.perf_counter()
+            entry["rows"] = run_decoders(model, heads, args.seed, log, decoders)
+            entry["decoders_s"] = round(time.perf_counter() - t, 1)
         report["modes"][mode] = entry
         _write(report, args.json)
     _summary(report, log)

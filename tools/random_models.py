@@ -6,10 +6,18 @@ tests (the same builders at tiny shapes). Never imported by the runtime.
     random_model("janus", "Janus-Pro-7B", device="cuda")        # a JanusModel of random weights
     random_model("lumina", TINY_SHAPES_DICT, grid=(4, 4))        # any shapes given as a dict
     count_parameters("emu3", "Emu3-Gen")                          # on the meta device, nothing allocated
+    construction_bytes("janus", "Janus-Pro-7B")                   # bytes its build allocates, by dtype (meta)
+
+Models are made in their dtype where they will live (build_random): a 7B model in bf16 on a 24 GB GPU never
+holds a float32 copy.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ssd_core.families.emu3 import IMAGE_END as EMU3_IMAGE_END
 from ssd_core.families.emu3 import IMAGE_START as EMU3_IMAGE_START
@@ -84,6 +92,9 @@ def random_config(family: str, shapes):
         from transformers import JanusConfig
 
         codes, image_size, patch = sh.pop("codes"), sh.pop("image_size"), sh.pop("patch_size")
+        # the VQ model's own sizes (optional: Janus-Pro's by default); generation never runs it
+        vq = {k: sh.pop("vq_" + k) for k in ("base_channels", "channel_multiplier", "latent_channels")
+              if "vq_" + k in sh}
         d = sh["hidden_size"]
         n = image_size // patch
         return JanusConfig(
@@ -91,7 +102,7 @@ def random_config(family: str, shapes):
                              pad_token_id=JANUS_PAD_ID % sh["vocab_size"], **sh),
             vision_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
                                patch_size=patch, projection_dim=d, num_image_tokens=n * n, depth=1),
-            vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d),
+            vq_config=dict(num_embeddings=codes, embed_dim=8, projection_dim=d, image_token_embed_dim=d, **vq),
             tie_word_embeddings=False)
     if family == "emu3":
         from transformers import Emu3Config
@@ -123,12 +134,38 @@ def _model_class(family: str):
     return getattr(transformers, family_class(family).transformers_class)
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default floating dtype inside the block (the dtype new parameters get), restored after it."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"a random model is built in a floating dtype, got {dtype}")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def build_random(model_cls, config, device="cpu", dtype=torch.bfloat16, seed: int = 0):
-    """A random-init transformers model of `config`, built directly on `device`. Built in float32, then cast."""
+    """A random-init transformers model of `config`, made in `dtype` on `device` directly: every parameter is
+    created there in `dtype` (torch's default dtype and device while it is built) and initialised in place, so
+    no float32 copy is ever held (Janus-Pro-7B in bf16 allocates its 14.2 GB of weights and nothing else, where
+    a float32 build and a cast held 28.3 + 14.2 GB: construction_bytes). Buffers that transformers computes in
+    float32 on purpose (rotary inv_freq) stay float32, as from_pretrained leaves them. device "meta": the
+    shapes only, nothing allocated."""
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(config)
-    return model.to(dtype=dtype).eval()
+    with default_dtype(dtype), torch.device(device):
+        return model_cls(config).eval()
+
+
+def random_heads(model, device=None, dtype=None, seed: int = 0):
+    """Random-init DraftHeads for a GridModel, built in the model's dtype on its device (no float32 copy)."""
+    from ssd_core.heads import DraftHeads
+
+    torch.manual_seed(seed)
+    with default_dtype(dtype or model.dtype), torch.device(device or model.device):
+        return DraftHeads.for_model(model).eval()
 
 
 def random_model(family: str, shapes, device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None, vqgan=None):
@@ -156,3 +193,40 @@ def count_parameters(family: str, shapes) -> int:
     with torch.device("meta"):
         model = _model_class(family)(random_config(family, shapes))
     return sum(p.numel() for p in model.parameters())
+
+
+class AllocationCounter(TorchDispatchMode):
+    """Bytes of every new storage the ops run inside it create, by dtype; views and in-place ops (the random
+    init) create none. Their sum bounds the block's peak memory from above. Works on the meta device, where
+    nothing is allocated: the shapes and dtypes are the real ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[torch.dtype, int] = {}  # dtype -> bytes of the new storages
+        self.largest: dict[torch.dtype, int] = {}  # dtype -> bytes of the largest one
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in {id(t): t for t in tree_leaves(out) if isinstance(t, torch.Tensor)}.values():
+            storage = t.untyped_storage()
+            if storage._cdata not in given:
+                given.add(storage._cdata)
+                n = storage.nbytes()
+                self.bytes[t.dtype] = self.bytes.get(t.dtype, 0) + n
+                self.largest[t.dtype] = max(self.largest.get(t.dtype, 0), n)
+        return out
+
+
+def construction_bytes(family: str, shapes, dtype=torch.bfloat16, device="meta", build=None) -> dict:
+    """What building `family`'s random model at `shapes` allocates: {"parameters": bytes of its parameters,
+    "allocated": {dtype name: bytes of every storage created}, "largest": {dtype name: the largest one}}.
+    `build` (model class, config, device, dtype) -> model: the builder to count (default build_random)."""
+    build = build or (lambda cls, config, dev, dt: build_random(cls, config, dev, dt))
+    counter = AllocationCounter()
+    with counter:
+        model = build(_model_class(family), random_config(family, shapes), device, dtype)
+    name = lambda dt: str(dt).replace("torch.", "")  # noqa: E731
+    return {"parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "allocated": {name(k): v for k, v in counter.bytes.items()},
+            "largest": {name(k): v for k, v in counter.largest.items()}}
