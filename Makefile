@@ -3,7 +3,7 @@
 # make bench-sizes: every decoder at 24x24, 32x32 and 48x48 (the bundled models): table, JSON and plot in bench_out/.
 # make bench: the bench of record (every decoder at its defaults, ssd also with the paper's first-row rule; 16 images) into bench_out/.
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
-# make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, bench-gpu, gpu-memory) into .work/gpu_check.json.
+# make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, gpu-memory, bench-gpu) into .work/gpu_check.json.
 # make test: the whole test suite (the command CI runs); make test-fast: its fast tier (about 2 minutes).
 PYTHON ?= python3
 VENV ?= .venv
@@ -112,12 +112,15 @@ gpu-memory: install
 	$(PY) -m tools.peak_memory --shapes Janus-Pro-7B --quantizations none,8-bit,4-bit --folder .work/peak \
 		--json .work/peak/peak_memory.json
 
-# on a CUDA GPU, in under 8 minutes: tests/test_cuda.py, bench-gpu (3 compiled buckets) and gpu-memory (the
-# quantizations bitsandbytes allows), each with a time cap, into ONE JSON (GPU_CHECK_JSON): versions, the device,
-# each part's status and figures, pass / fail. Without CUDA it stops at once, saying so. It uses the venv's
-# python when there is one, else $(PYTHON) (a GPU machine's own torch): no install step, nothing fetched.
-# `python -m tools.gpu_check --dry` runs its CPU parts anywhere (tests/test_gpu_check.py does).
+# on a CUDA GPU, in under 8 minutes: tests/test_cuda.py and gpu-memory (the quantizations bitsandbytes allows)
+# at once, then bench-gpu alone (ar and ssd-exact, 2 compiled buckets), each with a time cap (docs/speed.md, "the
+# budget on paper"), into ONE JSON (GPU_CHECK_JSON), written as each part ends: versions, the device, each part's
+# status, seconds and figures, pass / fail. Without CUDA it stops at once, saying so. It uses the venv's python
+# when there is one, else $(PYTHON) (a GPU machine's own torch): no install step, nothing fetched.
+# GPU_CHECK_ARGS=--serial: one part at a time (a GPU too small for two). `python -m tools.gpu_check --dry` runs
+# its CPU parts anywhere (tests/test_gpu_check.py does).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_CHECK_JSON ?= .work/gpu_check.json
+GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PY) -m tools.gpu_check --json $(GPU_CHECK_JSON)
+	$(GPU_PY) -m tools.gpu_check --json $(GPU_CHECK_JSON) $(GPU_CHECK_ARGS)
