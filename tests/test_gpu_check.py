@@ -261,6 +261,21 @@ def test_random_7b_is_built_in_bf16_with_no_float32_copy():
         build_random(None, None, dtype=torch.int8)
 
 
+def test_gpu_memory_reuses_only_a_whole_saved_model(tmp_path):
+    from tools.peak_memory import complete
+
+    folder = tmp_path / "Janus-Pro-7B"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert not complete(folder)  # no weights
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    (folder / shards[0]).write_bytes(b"")
+    assert not complete(folder)  # a save stopped after its first shard
+    (folder / shards[1]).write_bytes(b"")
+    assert complete(folder)
+
+
 def test_the_closeness_rules_pass_rounding_and_catch_a_broken_cache(monkeypatch):
     import ssd_core
     from ssd_core import static_cache

@@ -49,8 +49,15 @@ def weight_bytes(model, dev: torch.device, base: int) -> int:
 
 
 def complete(folder: Path) -> bool:
-    """A saved model is there (save_once renames a folder into place only once it is written)."""
-    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+    """A whole saved model is there: its config and every shard its index names (save_once renames a folder into
+    place only once it is written; this also refuses one an older, non-atomic save left half written)."""
+    index = folder / "model.safetensors.index.json"
+    if not (folder / "config.json").is_file():
+        return False
+    if index.is_file():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        return bool(shards) and all((folder / name).is_file() for name in shards)
+    return (folder / "model.safetensors").is_file()
 
 
 def save_once(model, folder: Path) -> tuple[Path, bool]:
