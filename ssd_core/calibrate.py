@@ -4,17 +4,19 @@ picked from a short measured calibration.
 ssd-exact's image is the same whatever rows and drafter it uses (every token is the model's own Gumbel-max
 draw); only its steps and its time change. A step costs one forward of the window plus the policy's eager ops,
 and both depend on the device: on a GPU a window of three rows costs about what one token does, on a CPU several
-times more, and every op is a launch. So the first ssd-exact generation of a model on a device (per stream count
-and grid) times the forward at one token and at its mean windows at 1..MAX_ROWS rows over a half-made image, a burst
-of small ops and a call of the heads' vertical network on a row; the pick is the choice whose expected time
+times more, and every op is a launch. So the first ssd-exact generation of a model on a device (per stream count,
+grid and compile mode; api.py calls `pick` before the policy is made) times, with the session kind the generation
+uses, the forward at one token and at its mean windows at 1..MAX_ROWS rows over a half-made image, a burst of small
+ops and a call of the heads' vertical network on a row; the pick is the choice whose expected time
 
     steps share x (forward of its mean window + its ops a step x an op + its heads' calls a step x a call)
 
-is least, with the steps shares, ops and heads' calls a step of each choice measured on the bundled model
-(STEPS_SHARE, OPS_PER_STEP, HEAD_CALLS_PER_STEP: a table, as no model's own shares are known before it runs;
-they rank the choices on any model whose heads draft about as well). The costs are kept per model and device in
-memory (and in the JSON file named by SSD_CALIBRATION_FILE, when set), so later generations pay nothing; the
-measurement takes 0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
+is least, with the ops and heads' calls a step of each choice measured on the bundled model (OPS_PER_STEP,
+HEAD_CALLS_PER_STEP) and the steps shares the model's own, as its runs observe them (Calibration.shares; before
+any, STEPS_SHARE, the bundled model's, from a first image started at CONSERVATIVE_ROWS and re-picked every row's
+worth of cells by its Tuner). The costs are kept in the Calibration passed in (the model's own by default) and in
+the JSON file named by SSD_CALIBRATION_FILE, when set, so later generations pay nothing; the measurement takes
+0.4-0.5 s on the bundled model on a CPU. Tests force cost tables (`choose`)."""
 from __future__ import annotations
 
 import contextlib
