@@ -4,8 +4,8 @@ ComfyUI reads ``comfy_entrypoint`` (re-exported by the pack's root ``__init__``)
 nodes. Their ids (``SSDLoadModel`` ...) and input order are those of the classic nodes they replaced, so saved
 workflows load and run unchanged."""
 
+from ._io import ComfyExtension, io  # first: a ComfyUI without the V3 schema fails here, saying which is needed
 from . import _folders, _routes
-from ._io import STAND_IN, ComfyExtension, io
 from .loaders import SSDLoadHeads, SSDLoadModel, SSDModel
 from .sampler import SSDSampler
 from .trace import SSDTraceToImage
@@ -26,5 +26,5 @@ async def comfy_entrypoint():
     return SSDExtension()
 
 
-__all__ = ["NODES", "NODE_LIST", "SSDExtension", "SSDModel", "comfy_entrypoint", "STAND_IN", "io",
+__all__ = ["NODES", "NODE_LIST", "SSDExtension", "SSDModel", "comfy_entrypoint", "io",
            "SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"]

@@ -1,5 +1,6 @@
 """Shared by the tests: the import path, one thread, the pack imported as ComfyUI does, the bundled model
-through the nodes and through the API, stand-ins for ComfyUI's modules, and the family test modules' model fixtures."""
+through the nodes and through the API, stand-ins for ComfyUI's modules (comfy_api.latest: comfy_stand_in.py), and the
+family test modules' model fixtures."""
 import importlib
 import importlib.util
 import json
@@ -15,6 +16,12 @@ for p in (str(ROOT), str(ROOT / "tests")):
         sys.path.insert(0, p)
 
 import torch  # noqa: E402
+
+import comfy_stand_in  # noqa: E402
+
+# The nodes import ComfyUI's V3 schema (comfy_api.latest): without ComfyUI, the stand-in's, installed before any
+# test imports them.
+comfy_stand_in.install()
 
 # Tiny models run fastest on one thread, and a busy machine makes more threads stall each other.
 torch.set_num_threads(1)

@@ -293,7 +293,7 @@ def test_node_tests_pass_with_a_comfy_folder_beside_the_clone(tmp_path):
     for name in ("nodes", "ssd_core"):
         shutil.copytree(ROOT / name, clone / name, ignore=skip)
     (clone / "tests").mkdir()
-    for name in ("conftest.py", "test_nodes_sampler.py"):
+    for name in ("conftest.py", "comfy_stand_in.py", "test_nodes_sampler.py"):
         shutil.copy2(ROOT / "tests" / name, clone / "tests" / name)
     (tmp_path / "comfy").mkdir()
     (tmp_path / "comfy" / "utils.py").write_text("")

@@ -27,7 +27,36 @@ def test_root_import_outside_comfyui_exports_no_nodes():
     assert (ROOT / "web" / "ssd_grid.js").is_file()
     text = (ROOT / "__init__.py").read_text()
     assert "from .nodes import comfy_entrypoint" in text and "NODE_CLASS_MAPPINGS =" not in text
-    assert nodes.STAND_IN  # outside ComfyUI the V3 names come from the stand-in
+    assert nodes.io is sys.modules["comfy_api.latest"].io  # the V3 names: the stand-in here (conftest installs it)
+
+
+def pack_in_fresh_interpreter(tmp_path, code, comfyui=False):
+    """`code` run in a fresh interpreter that has only a folder holding the pack (as ComfyUI-SSD) and, with
+    comfyui, ComfyUI's folder_paths module on its path (no comfy_api: a ComfyUI older than the V3 schema)."""
+    import subprocess
+
+    (tmp_path / "ComfyUI-SSD").symlink_to(ROOT, target_is_directory=True)
+    if comfyui:
+        (tmp_path / "folder_paths.py").write_text("models_dir = '.'\nfolder_names_and_paths = {}\n"
+                                                  "def get_folder_paths(key):\n    return []\n")
+    code = f"import importlib, sys; sys.path.insert(0, {str(tmp_path)!r}); " + code
+    return subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_root_import_outside_comfyui_needs_no_comfy_api(tmp_path):
+    """A plain import of the pack outside ComfyUI (no folder_paths) imports neither the nodes nor comfy_api."""
+    out = pack_in_fresh_interpreter(tmp_path, "root = importlib.import_module('ComfyUI-SSD'); "
+                                    "print(root.__all__, sorted(m for m in sys.modules if 'comfy' in m.lower()))")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["['WEB_DIRECTORY']", "['ComfyUI-SSD']"], out.stdout
+
+
+def test_a_comfyui_without_the_v3_schema_fails_saying_which_is_needed(tmp_path):
+    out = pack_in_fresh_interpreter(tmp_path, "importlib.import_module('ComfyUI-SSD')", comfyui=True)
+    minimum = pack_module("nodes._io").MIN_COMFYUI
+    assert out.returncode == 1 and "ImportError" in out.stderr, out.stderr[-2000:]
+    assert f"ComfyUI-SSD needs ComfyUI {minimum} or newer" in out.stderr and "comfy_api.latest" in out.stderr
 
 
 def test_the_extension_lists_the_four_v3_nodes():
@@ -246,6 +275,7 @@ def test_the_nodes_import_as_comfyui_imports_them(tmp_path):
     (tmp_path / "ComfyUI-SSD").symlink_to(ROOT, target_is_directory=True)
     code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); "
             "assert not any(p and p.rstrip('/') == sys.argv[2] for p in sys.path), sys.path; "
+            "sys.path.append(sys.argv[2] + '/tests'); import comfy_stand_in; comfy_stand_in.install(); "
             "nodes = importlib.import_module('ComfyUI-SSD.nodes'); "
             "print(sorted(nodes.NODES)); print(nodes._folders.model_choices())")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path), str(ROOT)], cwd=tmp_path,
