@@ -68,14 +68,12 @@ class HeadsDrafter(Drafter):
     pick(run, logp [n, V], a, b) -> codes [n] for the image slots of ranks [a, b): `coupled` (the exact rule) or
     `sampled` (ssd; its left-to-right rows are found by certified sweeps, _certified_row, when the step may copy
     to the host: the same drafts for ~2.5x fewer ops). redraft: cells re-drafted after a correction in the first
-    row (None: the rest of the row); one cell below it. last_feature: the last re-drafted cell's feature is
-    written too (nothing drafts from it in this window; ssd keeps writing it so that its images stay as they
-    were)."""
+    row (None: the rest of the row); one cell below it."""
 
     uses_heads = True
 
-    def __init__(self, pick=coupled, sweeps: int = 0, redraft: int | None = None, last_feature: bool = False):
-        self.pick, self.sweeps, self.redraft, self.last_feature = pick, sweeps, redraft, last_feature
+    def __init__(self, pick=coupled, sweeps: int = 0, redraft: int | None = None):
+        self.pick, self.sweeps, self.redraft = pick, sweeps, redraft
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
         certify = CERTIFY_SWEEPS if self.pick is sampled and can_sync else 0
@@ -84,7 +82,7 @@ class HeadsDrafter(Drafter):
     def corrected(self, run: Run, slot: int) -> None:
         first_row = slot < run.layout.row_stride
         cells = (self.redraft or run.layout.grid[1]) if first_row else 1
-        reanchor_row(run, slot, cells, last_feature=self.last_feature)
+        reanchor_row(run, slot, cells)
 
 
 def drafter_for(run: Run, use_heads: bool = True, **options) -> Drafter:
@@ -290,7 +288,7 @@ def _left_steps(run: Run, lo: int, hi: int, parts: tuple | None = None):
     return step
 
 
-def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> None:
+def reanchor_row(run: Run, k: int, cells: int) -> None:
     """Slot k's token was just corrected (final, not yet fed): re-draft up to `cells` window slots after it in
     its row by an Hh chain from the exact feature before k and k's token, Gumbel-coupled as every exact draft
     is (the verifier's outputs there saw the rejected token)."""
@@ -301,8 +299,8 @@ def reanchor_row(run: Run, k: int, cells: int, last_feature: bool = False) -> No
     with torch.no_grad():
         at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
     run.add_head_calls()
-    # last_feature False: the last re-drafted slot's old feature stays (the window's next rows are drafted already)
-    codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=last_feature)
+    # the last re-drafted slot's feature is not written (one Hh call fewer): no draft of this window reads it
+    codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False)
     run.set_tokens(run.index.slots(k + 1, stop), codes)
 
 

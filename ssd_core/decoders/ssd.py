@@ -43,8 +43,8 @@ class SSDPolicy(Policy):
     def begin(self, run: Run) -> None:
         self.rounds = 0
         # the first row by the exact rule (stable_first_row 2): Gumbel-coupled Hh drafts, the rest of the row
-        # re-drafted after each correction with every feature written (so that ssd's images stay as they were)
-        self.first_row = HeadsDrafter(coupled, redraft=None, last_feature=True)
+        # re-drafted after each correction
+        self.first_row = HeadsDrafter(coupled, redraft=None)
         self.blocks = HeadsDrafter(sampled)  # the lossy blocks: independent draws, q recorded
 
     def update(self, run: Run, logits, features) -> None:
