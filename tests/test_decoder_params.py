@@ -9,7 +9,7 @@ import torch
 import ssd_core
 from ssd_core import cli
 from ssd_core.bench import BenchOptions, _variants
-from ssd_core.decoders import DECODERS, PARAMS, DecoderParams, make_policy
+from ssd_core.decoders import DECODERS, PARAMS, DecoderParams, FirstRow, Repair, make_policy
 from ssd_core.errors import SSDError
 from ssd_core.limits import whole_number
 from tiny import make_heads, make_llama_grid
@@ -60,6 +60,29 @@ def test_one_check_refuses_a_bad_value_with_the_same_words_everywhere(tiny, valu
         assert str(err.value) == words
     with pytest.raises(SSDError, match="^--draft-rows must be a whole number from 0 to 8, got 9$"):
         DecoderParams.read(type("Args", (), {"draft_rows": 9})(), shown=lambda n: "--" + n.replace("_", "-"))
+
+
+def test_coded_parameters_take_numbers_and_name_their_values(capsys):
+    """stable_first_row and repair are codes: users give the numbers (API, CLI, saved settings), the policy holds
+    them by name, and a bad number is refused with every value's meaning."""
+    policy = make_policy("ssd", stable_first_row=1)
+    assert policy.stable_first_row is FirstRow.UNTIL_STABLE and policy.repair is Repair.REDRAW  # repair's default
+    assert make_policy("ssd").stable_first_row is FirstRow.EXACT  # the default
+    assert type(policy.params["stable_first_row"]) is int  # what the trace records: the number
+    assert DecoderParams(stable_first_row=FirstRow.OFF) == DecoderParams(stable_first_row=0)
+    assert type(DecoderParams(repair=Repair.OFF).repair) is int
+    first_row = "from 0 to 2 (0 = off, 1 = until stable, 2 = exact), got 3"
+    for make in (lambda: DecoderParams(stable_first_row=3), lambda: make_policy("ssd", stable_first_row=3)):
+        with pytest.raises(SSDError) as err:
+            make()
+        assert str(err.value) == "stable_first_row must be a whole number " + first_row
+    with pytest.raises(SSDError, match=r"^repair must be a whole number from 0 to 1 \(0 = off, 1 = redraw\), got 2$"):
+        DecoderParams(repair=2)
+    assert cli.main(["generate", "--model", "reference", "--stable-first-row", "3"]) == 2
+    assert cli.main(["bench", "--model", "reference", "--ssd-first-row", "1,3"]) == 2
+    err = capsys.readouterr().err
+    assert f"--stable-first-row must be a whole number {first_row}" in err
+    assert f"--ssd-first-row must be a whole number {first_row}" in err
 
 
 def test_whole_number_limits_and_reasons():

@@ -8,29 +8,42 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass, replace
+from enum import IntEnum
 
 from ..errors import SSDError, shown
 from ..limits import whole_number
 from .ar import ARPolicy
 from .exact import ExactPolicy
 from .sjd import SJDPolicy
-from .ssd import SSDPolicy
+from .ssd import FirstRow, Repair, SSDPolicy
 from .zipar import ZipARPolicy
 
 
 @dataclass(frozen=True)
 class Param:
-    """A whole-number decoder parameter: its limits (high None = no upper limit) and its default."""
+    """A whole-number decoder parameter: its limits (high None = no upper limit) and its default; a coded one
+    (Param.coded) also the names of its values."""
 
     low: int
     high: int | None
     default: int | None
     help: str
+    names: type[IntEnum] | None = None  # a coded parameter's values by name (users give the numbers)
+
+    @classmethod
+    def coded(cls, names: type[IntEnum], default: IntEnum, help: str) -> Param:
+        """A parameter whose values are the members of `names` (their numbers, from the lowest to the highest)."""
+        return cls(int(min(names)), int(max(names)), int(default), help, names)
+
+    def meanings(self) -> str:
+        """A coded parameter's values as words, e.g. '0 = off, 1 = redraw' ('' for the others)."""
+        return ", ".join(f"{int(v)} = {v.name.lower().replace('_', ' ')}" for v in self.names or ())
 
     def check(self, name: str, value) -> int | None:
-        """value as an int within the limits, or one SSDError line naming it as `name`; None stays None (the
-        decoder's default)."""
-        return None if value is None else whole_number(name, value, self.low, self.high)
+        """value as an int within the limits, or one SSDError line naming it as `name` (and a coded
+        parameter's meanings); None stays None (the decoder's default)."""
+        why = f" ({self.meanings()})" if self.names else ""
+        return None if value is None else whole_number(name, value, self.low, self.high, why)
 
 
 NO_HEADS = ":noheads"  # bench decoder suffix: run it without the loaded heads ("ssd-exact:noheads" beside "ssd-exact")
@@ -40,12 +53,14 @@ DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact)
                             "(ssd 1; ssd-exact: rows and heads picked for the model and device, calibrate.py)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
 WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
-STABLE_FIRST_ROW = Param(0, 2, 2, "ssd: decode the first row by ssd-exact's rule, the row ar draws (2); verify the first "
-                         "block until a round changes nothing (1, the paper); or like the others (0)")
+STABLE_FIRST_ROW = Param.coded(FirstRow, FirstRow.EXACT, "ssd: decode the first row by ssd-exact's rule, the row ar "
+                               "draws (2); verify the first block until a round changes nothing (1, the paper); "
+                               "or like the others (0)")
 ADAPTIVE_PERCENT = Param(0, 100, 0, "ssd: end a block's verification once a round corrects at most this percent "
                          "of its cells (0 = off; verify_rounds stays the cap)")
-REPAIR = Param(0, 1, 1, "ssd: a committed token outside the top-k / min-p set of its final context is redrawn "
-               "from it when the next forward feeds it (1: no extra steps; 0 = the paper's rule)")
+REPAIR = Param.coded(Repair, Repair.REDRAW, "ssd: a committed token outside the top-k / min-p set of its final "
+                     "context is redrawn from it when the next forward feeds it (1: no extra steps; 0 = the "
+                     "paper's rule)")
 
 
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,

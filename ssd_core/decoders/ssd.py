@@ -3,14 +3,17 @@
 A block of `draft_rows` rows is verified `verify_rounds` + 1 times; every rejected token is resampled from
 norm(max(0, p - q)) and stays in the window; then the block is final. The commit of a block is fused
 with the first verification of the next one (both ride in one forward).
-Schedule: `stable_first_row` 2 (the default) decodes the first row by ssd-exact's rule (Gumbel-coupled
-prefix acceptance: the row `ar` draws for the seed, its Hh chain re-drafted from every corrected token,
-`reanchor_row`), then the blocks below as above; 1 (the paper's) verifies the first block until a round
-changes nothing (capped at one round per cell of a row). `adaptive_percent` > 0 ends the other blocks'
-verification once a round corrects at most that share of their cells (verify_rounds + 1 rounds stay the cap).
-`repair` 1 (the default, beyond the paper): a committed token that its final context rules out (outside top-k /
-min-p) is redrawn when the next forward feeds it (`repair_committed`).
+Schedule (`stable_first_row`, FirstRow): EXACT (2, the default) decodes the first row by ssd-exact's rule
+(Gumbel-coupled prefix acceptance: the row `ar` draws for the seed, its Hh chain re-drafted from every corrected
+token, `reanchor_row`), then the blocks below as above; UNTIL_STABLE (1, the paper's) verifies the first block
+until a round changes nothing (capped at one round per cell of a row); OFF (0) verifies it as the others.
+`adaptive_percent` > 0 ends the other blocks' verification once a round corrects at most that share of their
+cells (verify_rounds + 1 rounds stay the cap). `repair` (Repair) REDRAW (1, the default, beyond the paper): a
+committed token that its final context rules out (outside top-k / min-p) is redrawn when the next forward feeds
+it (`repair_committed`); OFF (0) keeps it.
 """
+from enum import IntEnum
+
 import torch
 
 from ..acceptance import record_checks
@@ -18,6 +21,19 @@ from ..run import Policy, Run
 from ..sampling import rejected, residual_and_mass
 from .drafting import HeadsDrafter, coupled, rows_end, sampled
 from .exact import verify as verify_exactly
+
+
+class FirstRow(IntEnum):
+    """stable_first_row: how ssd decodes the first row (users give the number)."""
+    OFF = 0  # verified as the other blocks
+    UNTIL_STABLE = 1  # the paper's: the first block verified until a round changes nothing
+    EXACT = 2  # by ssd-exact's rule: the row ar draws for the seed
+
+
+class Repair(IntEnum):
+    """repair: what ssd does with a committed token that its final context rules out (users give the number)."""
+    OFF = 0  # kept (the paper's rule)
+    REDRAW = 1  # redrawn from that context when the next forward feeds it
 
 
 class SSDPolicy(Policy):
@@ -28,13 +44,14 @@ class SSDPolicy(Policy):
     def __init__(self, draft_rows: int, verify_rounds: int, stable_first_row: int, adaptive_percent: int, repair: int):
         """Every parameter from decoders.make_policy (DECODER_SPECS' and PARAMS' defaults)."""
         self.draft_rows, self.verify_rounds = draft_rows, verify_rounds
-        self.stable_first_row, self.adaptive_percent, self.repair = stable_first_row, adaptive_percent, repair
+        self.stable_first_row, self.repair = FirstRow(stable_first_row), Repair(repair)
+        self.adaptive_percent = adaptive_percent
 
     def block_done(self, run: Run, first_slot: int, n: int, resampled: torch.Tensor):
         """Whether the block of n open slots from `first_slot` is final after this round (`resampled` [n] bool:
         the slots resampled): a bool, or a 0-d bool tensor when it depends on this round's corrections."""
         rounds = self.rounds  # verification rounds done (the block's slots alike)
-        if self.stable_first_row and first_slot < run.layout.row_stride:
+        if self.stable_first_row != FirstRow.OFF and first_slot < run.layout.row_stride:
             return (resampled.sum() == 0) | (rounds > run.layout.grid[1])
         if self.adaptive_percent:
             return (resampled.sum() * 100 <= self.adaptive_percent * n) | (rounds > self.verify_rounds)
@@ -42,16 +59,16 @@ class SSDPolicy(Policy):
 
     def begin(self, run: Run) -> None:
         self.rounds = 0
-        # the first row by the exact rule (stable_first_row 2): Gumbel-coupled Hh drafts, the rest of the row
+        # the first row by the exact rule (FirstRow.EXACT): Gumbel-coupled Hh drafts, the rest of the row
         # re-drafted after each correction
         self.first_row = HeadsDrafter(coupled, redraft=None)
         self.blocks = HeadsDrafter(sampled)  # the lossy blocks: independent draws, q recorded
 
     def update(self, run: Run, logits, features) -> None:
         stride, syncs = run.layout.row_stride, run.syncs
-        if self.repair and run.cached < run.final_end:
+        if self.repair == Repair.REDRAW and run.cached < run.final_end:
             self.repair_committed(run, logits)
-        if self.stable_first_row == 2 and run.final_end < stride:  # the first row as ar draws it
+        if self.stable_first_row == FirstRow.EXACT and run.final_end < stride:  # the first row as ar draws it
             verify_exactly(run, logits, self.first_row, stop=stride)
             if run.final_end < stride:
                 self.first_row.draft(run, stride)
