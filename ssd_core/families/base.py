@@ -212,10 +212,6 @@ class GridModel:
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
-    def to(self, device) -> "GridModel":
-        self.model.to(device)
-        return self
-
     def check_grid(self, grid) -> tuple[int, int]:
         grid = tuple(int(v) for v in grid) if grid is not None else tuple(self.default_grid)
         if len(grid) != 2 or min(grid) < 1:
