@@ -432,10 +432,3 @@ def _write_file(path: str | None, key: str, costs: Costs) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def summary(costs: Costs, heads: bool = True) -> dict:
-    """Every choice's expected speed-up over ar (for reports and tests)."""
-    ar = costs.ar_step_s()
-    return {f"{r} rows{' heads' if h else ''}": round(ar / (STEPS_SHARE[r, h] * costs.step_s(r, h)), 3)
-            for r in range(1, MAX_ROWS + 1) for h in ((False, True) if heads else (False,))}
