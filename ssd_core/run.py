@@ -236,9 +236,13 @@ class Run:
         """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
         self.features[:, slots] = features
 
-    def add_head_calls(self, n: int = 1) -> None:
-        """The drafters called the heads n more times (the trace's head_calls)."""
-        self.head_calls += n
+    def call_heads(self, network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+        """One call of a draft head's network (self.heads.horizontal or .vertical) on inputs, without autograd:
+        the one place the drafters call the heads, counted in head_calls (the trace's)."""
+        with torch.no_grad():
+            out = network(*inputs)
+        self.head_calls += 1
+        return out
 
     def add_check(self, check: tuple) -> None:
         """One verification for the trace (acceptance.record_checks)."""

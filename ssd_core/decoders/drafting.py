@@ -127,9 +127,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_steps(run, s, stop))
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
-                with torch.no_grad():  # [B, n, d] -> h of `slots`
-                    pred = heads.vertical(run.features[:, src], _embed(run, run.ids[src]))
-                run.add_head_calls()
+                pred = run.call_heads(heads.vertical, run.features[:, src], _embed(run, run.ids[src]))  # [B, n, d]
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
                 before = run.index.images_before
@@ -157,11 +155,9 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
         if t == hi - 1 and not last_feature:
             break
         token = _embed(run, run.index.id_of_code[code])[0]
-        with torch.no_grad():
-            prev = run.heads.horizontal(prev, token) if step is None else step(run, t, prev, token, before)
+        prev = run.call_heads(run.heads.horizontal, prev, token) if step is None else step(run, t, prev, token, before)
         before = token
         made.append(prev)
-        run.add_head_calls()
     feats = torch.stack(made, 1)  # [B, 1 + written, d]: the feature before lo, then those of lo, lo + 1, ...
     run.check_heads(feats[:, :hi - lo], run.index.slots(lo, hi))
     run.set_features(slice(lo, lo + len(made) - 1), feats[:, 1:])  # one write for the chain
@@ -181,9 +177,7 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     for sweep in range(sweeps + 1):
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d] the current tokens
-        with torch.no_grad():  # [B, n, d] each cell's feature (it drafts the cell after it)
-            feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
-        run.add_head_calls()
+        feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))  # [B, n, d] each cell's feature
         if sweep == sweeps:
             break
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features predicting the slots
@@ -215,9 +209,8 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     codes = run.codes[slots - stride]  # the first guess: the row above's tokens
     for _ in range(sweeps):
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d]
-        with torch.no_grad():  # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
-            feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
-        run.add_head_calls()
+        # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
+        feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
         p = run.logp(run.model.image_logits(prev), slots, "heads").exp()  # [n, V] each cell's q
         guess, codes = codes, run.sample_probs(p, u)
@@ -231,10 +224,8 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     qs = [p[:m + 1]]
     step = _left_steps(run, lo, hi, parts)
     e = _embed(run, run.index.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
-    with torch.no_grad():  # the feature at cell m (from its final code), which drafts cell m + 1
-        f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)
+    f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)  # the feature at cell m, which drafts cell m + 1
     run.set_features(lo + m, f)
-    run.add_head_calls()
     if m + 1 < n:
         def pick(logp, i, j):  # the chain's draw with the cell's own uniform
             q = logp.exp()
@@ -270,7 +261,7 @@ def _vertical(run: Run, above: list, token: torch.Tensor, before: torch.Tensor) 
     cells' token embeddings and (level 2) the embeddings of the tokens just before them."""
     (f_up, e_up), (f_right, e_right), *upleft = above
     more = [before, *upleft[0]] if upleft else []
-    return run.heads.vertical(f_up, e_up, token, f_right, e_right, *more)
+    return run.call_heads(run.heads.vertical, f_up, e_up, token, f_right, e_right, *more)
 
 
 def _left_steps(run: Run, lo: int, hi: int, parts: tuple | None = None):
@@ -296,9 +287,7 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     stop = min((k // stride) * stride + W, run.end, k + 1 + cells)  # cells of this row inside the window
     if k + 1 >= stop:
         return
-    with torch.no_grad():
-        at_k = run.heads.horizontal(feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] feature at k
-    run.add_head_calls()
+    at_k = run.call_heads(run.heads.horizontal, feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] at k
     # the last re-drafted slot's feature is not written (one Hh call fewer): no draft of this window reads it
     codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False)
     run.set_tokens(run.index.slots(k + 1, stop), codes)
@@ -311,9 +300,8 @@ def _forced_features(run: Run, s: int) -> None:
     while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_end:
         f -= 1
     for t in range(f, s):
-        with torch.no_grad():
-            run.set_features(t, run.heads.horizontal(feature(run, t - 1), _embed(run, run.ids[t:t + 1])[0]))
-        run.add_head_calls()
+        token = _embed(run, run.ids[t:t + 1])[0]
+        run.set_features(t, run.call_heads(run.heads.horizontal, feature(run, t - 1), token))
 
 
 def rows_end(run: Run, first_slot: int, rows: int) -> int:
