@@ -9,7 +9,7 @@ import torch
 
 from . import calibrate, memory, model_files, static_cache, threads
 from .decoders import DecoderParams, make_policy, picks_rows, uses_heads
-from .engine import decode_batch
+from .engine import Generation, decode_batch
 from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
 from .heads import DraftHeads, load_heads_file
@@ -203,8 +203,8 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     # an op Apple's mps backend lacks: one line naming it and the fix (PYTORCH_ENABLE_MPS_FALLBACK=1, or cpu)
     with mps_op_errors():
         with torch.no_grad(), threads.for_sampling(model):  # the intra-op thread rule (threads.py)
-            done = decode_batch(model, heads, prompt_ids, layout, settings, policies, decoder, on_step,
-                                should_cancel, score)
+            done = decode_batch(model, heads, prompt_ids, layout, settings, policies,
+                                Generation(on_step, should_cancel, score))
         return [Result(trace.tokens, model.decode(trace.tokens) if decode_pixels else None, trace)
                 for _, trace in done]
 

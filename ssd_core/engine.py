@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,40 +60,63 @@ class Clock:
         return sum(a.elapsed_time(b) for a, b in spans) / 1000
 
 
+@dataclass
+class Generation:
+    """What a generation hears from and tells its caller, besides its images: on_step(Progress) after every step
+    that fed a window, should_cancel() before every step (True: Cancelled), score (each trace's fidelity figures:
+    one more forward an image)."""
+
+    on_step: Callable | None = None
+    should_cancel: Callable[[], bool] | None = None
+    score: bool = True
+
+
 def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: SamplerSettings, policy: Policy,
-           decoder_name: str, on_step=None, should_cancel=None, score: bool = True) -> tuple[Run, T.Trace]:
-    """Run one generation to the end; returns the final state and its trace."""
-    return decode_batch(model, heads, [prompt], layout, [settings], [policy], decoder_name, on_step,
-                        should_cancel, score)[0]
+           **generation) -> tuple[Run, T.Trace]:
+    """Run one generation to the end; returns the final state and its trace. generation: Generation's fields
+    (on_step, should_cancel, score)."""
+    return decode_batch(model, heads, [prompt], layout, [settings], [policy], Generation(**generation))[0]
 
 
 def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout, settings: list[SamplerSettings],
-                 policies: list[Policy], decoder_name: str, on_step=None, should_cancel=None,
-                 score: bool = True) -> list[tuple[Run, T.Trace]]:
+                 policies: list[Policy], generation: Generation | None = None) -> list[tuple[Run, T.Trace]]:
     """N generations with one base-model forward per step for all N x CFG streams -> [(Run, Trace)] in order.
 
-    Each image keeps its own cache length (the session's per-row `held`): every step it feeds its window
-    [cached, end), exactly what its single run feeds, at its own positions; shorter feeds are padded on the
-    right, and the padding is invisible to every other query. Then each image's rows are cropped to the
+    One prompt, sampler settings and policy an image; the policies are of one decoder (the batch's steps are
+    one schedule). Each image keeps its own cache length (the session's per-row `held`): every step it feeds its
+    window [cached, end), exactly what its single run feeds, at its own positions; shorter feeds are padded on
+    the right, and the padding is invisible to every other query. Then each image's rows are cropped to the
     prefix it keeps, so no padding or rejected key is ever attended to. Per-image state stays in its Run; a
     finished image leaves the batch.
     """
-    if policies[0].needs_heads and heads is None:
-        raise SSDError(f"decoder {decoder_name!r} drafts with SSD heads: load heads for this model "
+    decoder = _one_decoder(prompts, settings, policies)
+    if decoder.needs_heads and heads is None:
+        raise SSDError(f"decoder {decoder.name!r} drafts with SSD heads: load heads for this model "
                        f"(or 'reference' for the bundled model), or choose decoder {without_heads()}")
     dev = model.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
-    hooks = _time_heads(heads, timings) if heads is not None and policies[0].uses_heads else []
+    hooks = _time_heads(heads, timings) if heads is not None and decoder.uses_heads else []
     static = getattr(model, "static", None)  # a static cache is one per model: its generations take turns
     try:
         with torch.no_grad(), (static.lock if static is not None else contextlib.nullcontext()):
-            return _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel,
-                           score, timings)
+            return _decode(model, heads, prompts, layout, settings, policies, generation or Generation(), timings)
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def _one_decoder(prompts: list, settings: list, policies: list[Policy]) -> Policy:
+    """A batch's first policy, once it is checked that every image has a prompt, settings and a policy, and that
+    the policies are of one decoder."""
+    if not len(prompts) == len(settings) == len(policies) > 0:
+        raise SSDError(f"a batch needs one prompt, sampler settings and policy an image, got {len(prompts)} "
+                       f"prompts, {len(settings)} settings and {len(policies)} policies")
+    kinds = {(type(p), p.name) for p in policies}
+    if len(kinds) > 1:
+        raise SSDError(f"a batch runs one decoder, got policies of {', '.join(sorted(name for _, name in kinds))}")
+    return policies[0]
 
 
 def _time_heads(heads, timings: dict) -> list:
@@ -139,7 +163,7 @@ class _Rows:
             offset += k
 
 
-def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_step, should_cancel, score, timings):
+def _decode(model, heads, prompts, layout, settings, policies, generation: Generation, timings: dict):
     dev = model.device
     N = len(prompts)
     clock = Clock(dev)
@@ -155,12 +179,12 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
     active = list(range(N))
     traces: list[T.Trace | None] = [None] * N
     while active:
-        if should_cancel is not None and should_cancel():
+        if generation.should_cancel is not None and generation.should_cancel():
             raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
-        if _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, decoder_name,
-                 clock) and on_step is not None:
+        fed = _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, clock)
+        if fed and generation.on_step is not None:
             for i in active:
-                on_step(T.progress(runs[i], i))
+                generation.on_step(T.progress(runs[i], i))
         done = [i for i in active if runs[i].done]
         if not done:
             continue
@@ -171,17 +195,17 @@ def _decode(model, heads, prompts, layout, settings, policies, decoder_name, on_
         timings["policy"] = clock.seconds("policy") - timings["draft"]
         for i in done:
             runs[i].finish(session.held_host[rows.host[i][0]])
-            traces[i] = T.from_run(runs[i], decoder_name, policies[i].params, dict(timings), finalize,
+            traces[i] = T.from_run(runs[i], policies[i].name, policies[i].params, dict(timings), finalize,
                                    _peak_memory_mb(dev))
         if active:
             rows.keep(active)
-    if score:
+    if generation.score:
         _score(model, prompts, layout, runs, traces)
     return list(zip(runs, traces))
 
 
 def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: list[int], pad_id: int,
-          decoder_name: str, clock: Clock) -> int:
+          clock: Clock) -> int:
     """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
@@ -189,7 +213,7 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     n = max(f.numel() for f in fed)
     t1 = clock.mark()
     feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], fed, n,
-                                           pad_id, decoder_name) if n else (None, None, [None] * len(runs))
+                                           pad_id) if n else (None, None, [None] * len(runs))
     t2 = clock.mark()
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
     for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
@@ -234,19 +258,19 @@ def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces
 
 
 def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
-             fed: list[torch.Tensor], n: int, pad_id: int, decoder_name: str):
+             fed: list[torch.Tensor], n: int, pad_id: int):
     """One base-model forward of every image's fed slots, right-padded to n.
 
     -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
-    for run, f in zip(runs, fed):  # checked at the step's sync
-        run.expect((f >= 0).all(), lambda run=run, f=f: _no_token(decoder_name, run, f))
+    for run, policy, f in zip(runs, policies, fed):  # checked at the step's sync
+        run.expect((f >= 0).all(), lambda run=run, f=f, name=policy.name: _no_token(name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
     features = session.forward(*_batch_ids(session, rows, fed, visibles, n, pad_id))
     return features, model.image_logits(features), visibles
 
 
-def _no_token(decoder_name: str, run: Run, fed: torch.Tensor):
-    raise RuntimeError(f"{decoder_name}: window slot without a token at {run.cached + int((fed < 0).nonzero()[0])}")
+def _no_token(decoder: str, run: Run, fed: torch.Tensor):
+    raise RuntimeError(f"{decoder}: window slot without a token at {run.cached + int((fed < 0).nonzero()[0])}")
 
 
 def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,

@@ -23,7 +23,7 @@ def _run(model, heads, decoder, seed=0, cfg=2.0, grid=None, top_k=0, **policy):
     settings = SamplerSettings(seed=seed, cfg=cfg, temperature=1.0, top_k=top_k)
     layout = model.layout(grid)
     prompt = model.build_prompt(1, "", settings.guided, layout.grid)
-    return decode(model, heads, prompt, layout, settings, make_policy(decoder, **policy), decoder, score=False)
+    return decode(model, heads, prompt, layout, settings, make_policy(decoder, **policy), score=False)
 
 
 @torch.no_grad()
@@ -64,7 +64,7 @@ def test_distribution_of_first_two_tokens(tmp_path, decoder):
     prompt = model.build_prompt(0, "", True, layout.grid)
     for seed in range(n):
         s = SamplerSettings(seed=seed, cfg=1.5, temperature=1.0)
-        run, _ = decode(model, heads, prompt, layout, s, make_policy(decoder, verify_rounds=1), decoder, score=False)
+        run, _ = decode(model, heads, prompt, layout, s, make_policy(decoder, verify_rounds=1), score=False)
         counts[run.codes[0], run.codes[1]] += 1
     expected = joint.flatten() * n
     keep = expected > 5
@@ -203,3 +203,18 @@ def test_layout_row_end_positions():
     assert layout.forced.tolist() == [-1, -1, -1, 99, -1, -1, -1, 99, 7, 8]
     assert layout.slot_of_cell.tolist() == [0, 1, 2, 4, 5, 6]
     assert layout.row_stride == 4
+
+
+def test_a_batch_runs_one_decoder_with_one_prompt_settings_and_policy_an_image(tiny):
+    from ssd_core.engine import decode_batch
+
+    model, heads = tiny
+    layout = model.layout(None)
+    s = SamplerSettings(seed=0, cfg=2.0)
+    prompt = model.build_prompt(1, "", True, layout.grid)
+    with pytest.raises(ssd_core.SSDError, match="a batch runs one decoder, got policies of ar, sjd"):
+        decode_batch(model, heads, [prompt, prompt], layout, [s, s], [make_policy("ar"), make_policy("sjd")])
+    with pytest.raises(ssd_core.SSDError, match="got 2 prompts, 2 settings and 1 policies"):
+        decode_batch(model, heads, [prompt, prompt], layout, [s, s], [make_policy("ar")])
+    (run, trace), = decode_batch(model, None, [prompt], layout, [s], [make_policy("zipar", window=2)])
+    assert trace.decoder == "zipar" and bool(run.final.all())  # the trace names the policy's decoder
