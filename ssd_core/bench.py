@@ -255,7 +255,7 @@ def step_ops(model, heads, o: BenchOptions, label: str, decoder: str, params: De
     from .opcount import count_ops
 
     drafter, kw = _row_call(heads, o, label, decoder, params)
-    with count_ops(drafter) as c:
+    with count_ops() as c:
         generate(model, drafter, prompt=prompt, seed=seed, decode_pixels=False, score=False, **kw)
     return {"ops_per_step": round(c.per_step(), 1), "head_ops_per_step": round(c.head_total / max(c.steps, 1), 1)}
 

@@ -210,8 +210,7 @@ def pick(model, heads, layout, streams: int, calibration: Calibration, images: i
         if costs is None:
             costs = calibration.costs.get(key) or _read_file(calibration.file(), key)
             if costs is None:
-                with opcount.uncounted():  # one-time work, no step's overhead
-                    costs = measure(model, layout, streams, images)
+                costs = measure(model, layout, streams, images)  # no generation's step: nothing counts it
                 _write_file(calibration.file(), key, costs)
                 source = "measured"
             calibration.costs[key] = costs
@@ -219,8 +218,7 @@ def pick(model, heads, layout, streams: int, calibration: Calibration, images: i
             timed = calibration.head_s.setdefault(heads, {})
             shape = (streams, layout.grid[1], str(model.device))
             if shape not in timed:
-                with opcount.uncounted():
-                    timed[shape] = head_seconds(heads, streams, layout.grid[1], model.device)
+                timed[shape] = head_seconds(heads, streams, layout.grid[1], model.device)
             costs = replace(costs, head_s=timed[shape])
         shares = calibration.shares(key)
         best = choose(costs, has_heads, source, shares)

@@ -9,7 +9,6 @@ prefix whose keys were computed from final tokens (per image in a batch).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from . import trace as T
 from .decoders import without_heads
 from .errors import Cancelled, SSDError
 from .families.base import GridModel
+from .observer import Observer, Observers, ambient
 from .run import Policy, Run
 from .sampling import SamplerSettings, guide, log_probs
 from .session import KVSession, Layout, Prompt, stack_prompts
@@ -64,17 +64,71 @@ class Clock:
 class Generation:
     """What a generation hears from and tells its caller, besides its images: on_step(Progress) after every step
     that fed a window, should_cancel() before every step (True: Cancelled), score (each trace's fidelity figures:
-    one more forward an image)."""
+    one more forward an image), observers (observer.Observer: what measures it; those of this thread's
+    `observer.observing` blocks are added)."""
 
     on_step: Callable | None = None
     should_cancel: Callable[[], bool] | None = None
     score: bool = True
+    observers: tuple = ()
+
+
+class Timing(Observer):
+    """The engine's timings (the trace's `timings`) as an observer: the prefill, finalize and scoring by the host
+    clock after a device sync (outside the step loop); a step's `forward` from its start to its forward's end (its
+    window's ids and the base model) and its `policy` from there to its end (the logits, every policy's update;
+    the whole step when it fed nothing) by the Clock, without a sync a step; the draft heads' networks by the
+    host clock (their share is taken out of the policies')."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.clock = device, Clock(device)
+        self.latest: dict[str, float] = {}  # forward kind -> seconds of its latest forward (not "step")
+        self.draft = 0.0  # seconds in the heads' networks
+        self.began: float | None = None  # host clock at the prefill's start (the wall's start)
+        self.started = 0.0  # host clock at the running forward's start (not a step's)
+        self.step_mark = self.updating = None  # the Clock's marks: the step's start, its policies' start
+
+    def forward_begin(self, kind: str) -> None:
+        if kind == "step":
+            return
+        self.started = _now(self.device)
+        if self.began is None:
+            self.began = self.started
+
+    def forward_end(self, kind: str) -> None:
+        if kind == "step":
+            self.updating = self.clock.mark()
+            self.clock.add("forward", self.step_mark, self.updating)
+        else:
+            self.latest[kind] = _now(self.device) - self.started
+
+    def step_begin(self) -> None:
+        self.step_mark = self.updating = self.clock.mark()
+
+    def step_end(self) -> None:
+        self.clock.add("policy", self.updating, self.clock.mark())
+
+    def heads_begin(self) -> None:
+        self.heads_start = time.perf_counter()
+
+    def heads_end(self) -> None:
+        self.draft += time.perf_counter() - self.heads_start
+
+    def timings(self) -> dict:
+        """The figures so far (seconds): prefill, the steps' forward, policy and draft, finalize (when it ran) and
+        the wall from the prefill's start (read now, after a device sync)."""
+        out = {"prefill": self.latest.get("prefill", 0.0), "forward": self.clock.seconds("forward"),
+               "policy": self.clock.seconds("policy") - self.draft, "draft": self.draft}
+        if "finalize" in self.latest:
+            out["finalize"] = self.latest["finalize"]
+        out["wall"] = _now(self.device) - self.began
+        return out
 
 
 def decode(model: GridModel, heads, prompt: Prompt, layout: Layout, settings: SamplerSettings, policy: Policy,
            **generation) -> tuple[Run, T.Trace]:
     """Run one generation to the end; returns the final state and its trace. generation: Generation's fields
-    (on_step, should_cancel, score)."""
+    (on_step, should_cancel, score, observers)."""
     return decode_batch(model, heads, [prompt], layout, [settings], [policy], Generation(**generation))[0]
 
 
@@ -93,18 +147,9 @@ def decode_batch(model: GridModel, heads, prompts: list[Prompt], layout: Layout,
     if decoder.needs_heads and heads is None:
         raise SSDError(f"decoder {decoder.name!r} drafts with SSD heads: load heads for this model "
                        f"(or 'reference' for the bundled model), or choose decoder {without_heads()}")
-    dev = model.device
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    timings = {"prefill": 0.0, "forward": 0.0, "policy": 0.0, "draft": 0.0}
-    hooks = _time_heads(heads, timings) if heads is not None and decoder.uses_heads else []
     static = getattr(model, "static", None)  # a static cache is one per model: its generations take turns
-    try:
-        with torch.no_grad(), (static.lock if static is not None else contextlib.nullcontext()):
-            return _decode(model, heads, prompts, layout, settings, policies, generation or Generation(), timings)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with torch.no_grad(), (static.lock if static is not None else contextlib.nullcontext()):
+        return _decode(model, heads, prompts, layout, settings, policies, generation or Generation())
 
 
 def _one_decoder(prompts: list, settings: list, policies: list[Policy]) -> Policy:
@@ -117,24 +162,6 @@ def _one_decoder(prompts: list, settings: list, policies: list[Policy]) -> Polic
     if len(kinds) > 1:
         raise SSDError(f"a batch runs one decoder, got policies of {', '.join(sorted(name for _, name in kinds))}")
     return policies[0]
-
-
-def _time_heads(heads, timings: dict) -> list:
-    """Time spent in the draft heads' networks goes to timings["draft"] (not to the policy's bookkeeping); only
-    this thread's calls count (the heads are shared by the generations of every thread)."""
-    started = []
-    owner = threading.get_ident()
-
-    def pre(*_):
-        if threading.get_ident() == owner:
-            started.append(time.perf_counter())
-
-    def post(*_):
-        if threading.get_ident() == owner:
-            timings["draft"] += time.perf_counter() - started.pop()
-
-    return [h for m in (heads.horizontal, heads.vertical)
-            for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
 
 
 class _Rows:
@@ -163,17 +190,19 @@ class _Rows:
             offset += k
 
 
-def _decode(model, heads, prompts, layout, settings, policies, generation: Generation, timings: dict):
+def _decode(model, heads, prompts, layout, settings, policies, generation: Generation):
     dev = model.device
     N = len(prompts)
-    clock = Clock(dev)
-    t0 = _now(dev)
-    rows = _Rows(model.start(stack_prompts(prompts) if N > 1 else prompts[0], N), N)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    timing = Timing(dev)
+    watch = Observers((*ambient(), *generation.observers, timing))  # timing innermost: it times no observer's work
+    with watch.forward("prefill"):
+        rows = _Rows(model.start(stack_prompts(prompts) if N > 1 else prompts[0], N), N)
     session = rows.session
     runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows.dev)]
-    timings["prefill"] = _now(dev) - t0
     for run, policy, prompt in zip(runs, policies, prompts):
-        run.session, run.prompt = session, prompt
+        run.session, run.prompt, run.observer = session, prompt, watch
         policy.begin(run)
     pad_id = int(model.code_to_id(torch.zeros(1, dtype=torch.long, device=dev))[0])  # fed at padding slots
     active = list(range(N))
@@ -181,7 +210,8 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
     while active:
         if generation.should_cancel is not None and generation.should_cancel():
             raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
-        fed = _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, clock)
+        with watch.step():
+            fed = _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, watch)
         if fed and generation.on_step is not None:
             for i in active:
                 generation.on_step(T.progress(runs[i], i))
@@ -189,10 +219,8 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
         if not done:
             continue
         active = [i for i in active if i not in done]
-        finalize = 0 if active else _last_keys(rows, [runs[i] for i in done], done, layout, pad_id, timings)
-        timings["wall"] = _now(dev) - t0
-        timings["forward"] = clock.seconds("forward")
-        timings["policy"] = clock.seconds("policy") - timings["draft"]
+        finalize = 0 if active else _last_keys(rows, [runs[i] for i in done], done, layout, pad_id, watch)
+        timings = timing.timings()
         for i in done:
             runs[i].finish(session.held_host[rows.host[i][0]])
             traces[i] = T.from_run(runs[i], policies[i].name, policies[i].params, dict(timings), finalize,
@@ -200,21 +228,19 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
         if active:
             rows.keep(active)
     if generation.score:
-        _score(model, prompts, layout, runs, traces)
+        _score(model, prompts, layout, runs, traces, watch, timing)
     return list(zip(runs, traces))
 
 
 def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: list[int], pad_id: int,
-          clock: Clock) -> int:
+          watch: Observers) -> int:
     """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
     fed = [run.ids[run.cached:run.end].clone() for run in runs]
     n = max(f.numel() for f in fed)
-    t1 = clock.mark()
     feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], fed, n,
-                                           pad_id) if n else (None, None, [None] * len(runs))
-    t2 = clock.mark()
+                                           pad_id, watch) if n else (None, None, [None] * len(runs))
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
     for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
         r, k = rows.dev[i], f.numel()
@@ -222,50 +248,51 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
         logits = run.begin_step(f, visible if k else None, *out)
         policy.update(run, logits, out[0])
         rows.hold(held, i, run.end_step(logits))  # its new cache length: the step's one host copy
-    clock.add("forward", t1, t2)
-    clock.add("policy", t2, clock.mark())  # the draft heads' share is taken out when the trace is built
     session.crop(held)
     return n
 
 
-def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, pad_id: int, timings: dict) -> int:
+def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, pad_id: int, watch: Observers) -> int:
     """The last images' tokens past their kept prefix get their keys (one forward), so that the cache holds every
     sequence whole. -> 1 when that forward ran (the trace's finalize), else 0."""
     session = rows.session
     first = min(run.cached for run in runs)
     if first >= layout.num_slots:
         return 0
-    t1 = _now(session.m.device)
     held = list(session.held_host)
     last = [run.ids[run.cached:] for run in runs]
-    session.forward(*_batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
-                                layout.num_slots - first, pad_id))
+    ids, visible = _batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
+                              layout.num_slots - first, pad_id)
+    with watch.forward("finalize"):
+        session.forward(ids, visible)
     for i in images:
         rows.hold(held, i, layout.num_slots)
     session.crop(held)
-    timings["finalize"] = _now(session.m.device) - t1
     return 1
 
 
-def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces: list[T.Trace]) -> None:
+def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces: list[T.Trace], watch: Observers,
+           timing: Timing) -> None:
     """Each trace's fidelity figures (sequence_nll) and the time they took."""
-    dev = model.device
     for run, prompt, tr in zip(runs, prompts, traces):
-        t1 = _now(dev)
-        fidelity = sequence_nll(model, prompt, layout, run.ids, run.codes.cpu(), run.settings)
+        codes = run.codes.cpu()
+        with watch.forward("score"):
+            fidelity = sequence_nll(model, prompt, layout, run.ids, codes, run.settings)
         tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
-        tr.timings["score"] = _now(dev) - t1
+        tr.timings["score"] = timing.latest["score"]
 
 
 def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
-             fed: list[torch.Tensor], n: int, pad_id: int):
+             fed: list[torch.Tensor], n: int, pad_id: int, watch: Observers):
     """One base-model forward of every image's fed slots, right-padded to n.
 
     -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
     for run, policy, f in zip(runs, policies, fed):  # checked at the step's sync
         run.expect((f >= 0).all(), lambda run=run, f=f, name=policy.name: _no_token(name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
-    features = session.forward(*_batch_ids(session, rows, fed, visibles, n, pad_id))
+    ids, visible = _batch_ids(session, rows, fed, visibles, n, pad_id)
+    with watch.forward("step"):
+        features = session.forward(ids, visible)
     return features, model.image_logits(features), visibles
 
 

@@ -13,6 +13,7 @@ import torch
 from . import trace as T
 from .errors import SSDError
 from .exactness import near_ties
+from .observer import NONE
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
                        log_probs, not_finite_message, seeded_generator, uniforms)
 from .session import KVSession, Layout
@@ -30,6 +31,7 @@ class Run:
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
         self.session: KVSession | None = None  # the (batch's) KV cache, set by the engine
+        self.observer = NONE  # what watches the generation (observer.Observers), set by the engine
         dev = model.device
         self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
         L = ix.L
@@ -238,8 +240,9 @@ class Run:
 
     def call_heads(self, network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
         """One call of a draft head's network (self.heads.horizontal or .vertical) on inputs, without autograd:
-        the one place the drafters call the heads, counted in head_calls (the trace's)."""
-        with torch.no_grad():
+        the one place the drafters call the heads, seen by the observers (the heads' share of a step's time and
+        ops) and counted in head_calls (the trace's)."""
+        with torch.no_grad(), self.observer.heads():
             out = network(*inputs)
         self.head_calls += 1
         return out

@@ -9,7 +9,8 @@ On the CPU a copy is invisible, so the test counts the calls that would make one
   device by .to / .cuda / copy_ / assignment into a device tensor / indexing a device tensor with it, without
   non_blocking; and torch.tensor / as_tensor of host data with a device (tracked by a TorchFunctionMode).
 Calls inside the backbone's forward (the base model: transformers' code, or the compiled step) are not ours and
-are not counted."""
+are not counted. The counter is one of the generation's observers (ssd_core/observer.py): the engine tells it
+where each forward begins and ends; a test that runs a session itself brackets its forwards (Counts.forward)."""
 import contextlib
 import functools
 import weakref
@@ -19,23 +20,56 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import ssd_core
-from ssd_core import calibrate, static_cache, trace
-from ssd_core.session import Session, held_on_device, pack_fed_keys
-from ssd_core.static_cache import StaticSession
+from ssd_core import static_cache, trace
+from ssd_core.observer import Observer, observing
+from ssd_core.session import held_on_device, pack_fed_keys
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
 
 SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
-SESSIONS = (Session, StaticSession)
 
 
-class Counts(list):
-    """Per step (the list): device -> host calls between consecutive step forwards (the last step's tail is not
-    counted). in_forward: per step forward, the host syncs (names) made inside it but outside the backbone."""
+class Counts(list, Observer):
+    """Per step (the list): device -> host calls between consecutive forwards of a generation (steps and the
+    finalize forward; the prefill's and the last step's tail are not counted). in_forward: per such forward, the
+    host syncs (names) made inside it but outside the backbone. The sessions of ssd-exact's one-time work (its
+    calibration and exactness probe) are no generation's: not seen."""
 
     def __init__(self):
         super().__init__()
         self.in_forward: list[list[str]] = []
+        self.state = {"backbone": 0, "quiet": 0, "forward": 0, "count": 0, "started": False}
+
+    def seen(self, name: str) -> None:
+        state = self.state
+        if state["backbone"] or state["quiet"]:
+            return
+        if state["forward"]:
+            self.in_forward[-1].append(name)
+        else:
+            state["count"] += 1
+
+    def forward_begin(self, kind: str) -> None:
+        if kind == "prefill":
+            return
+        state = self.state
+        if state["started"]:
+            self.append(state["count"])
+        state["started"], state["count"] = True, 0
+        self.in_forward.append([])
+        state["forward"] += 1
+
+    def forward_end(self, kind: str) -> None:
+        self.state["forward"] -= kind != "prefill"
+
+    @contextlib.contextmanager
+    def forward(self, kind: str = "step"):
+        """A forward the test runs itself, counted as the engine's are."""
+        self.forward_begin(kind)
+        try:
+            yield
+        finally:
+            self.forward_end(kind)
 
     def forward_syncs(self) -> list[str]:
         return [name for names in self.in_forward for name in names]
@@ -135,36 +169,11 @@ class HostTensors(TorchFunctionMode):
 @contextlib.contextmanager
 def count_syncs(model):
     """-> Counts for generations on `model` (its backbone's class is the base model's forward)."""
-    state = {"backbone": 0, "quiet": 0, "forward": 0, "count": 0, "started": False}
     counts = Counts()
-    from_run, pick = trace.from_run, calibrate.pick
-    forwards = {cls: cls.forward for cls in SESSIONS}
+    state = counts.state
+    from_run = trace.from_run
     backbone_cls = type(model.backbone())
     backbone_forward = backbone_cls.forward
-
-    def seen(name: str) -> None:
-        if state["backbone"] or state["quiet"]:
-            return
-        if state["forward"]:
-            counts.in_forward[-1].append(name)
-        else:
-            state["count"] += 1
-
-    def step_forward(cls):
-        def wrapper(self, *args, **kwargs):
-            if state["quiet"]:  # ssd-exact's one-time calibration before the generation: no step
-                return forwards[cls](self, *args, **kwargs)
-            if not state["forward"]:
-                if state["started"]:
-                    counts.append(state["count"])
-                state["started"], state["count"] = True, 0
-                counts.in_forward.append([])
-            state["forward"] += 1
-            try:
-                return forwards[cls](self, *args, **kwargs)
-            finally:
-                state["forward"] -= 1
-        return wrapper
 
     def within(key, fn):
         @functools.wraps(fn)  # the signature stays readable (session.cache_kwarg)
@@ -178,18 +187,12 @@ def count_syncs(model):
 
     try:
         trace.from_run = within("quiet", from_run)  # a finished image's trace is built once, not in a step
-        calibrate.pick = within("quiet", pick)  # ssd-exact's pick of rows: measured once, before the steps
         backbone_cls.forward = within("backbone", backbone_forward)
-        for cls in SESSIONS:
-            cls.forward = step_forward(cls)
-        with HostTensors(state, seen):
+        with observing(counts), HostTensors(state, counts.seen):
             yield counts
     finally:
-        for cls, fn in forwards.items():
-            cls.forward = fn
         backbone_cls.forward = backbone_forward
         trace.from_run = from_run
-        calibrate.pick = pick
 
 
 @pytest.fixture(scope="module")
@@ -205,10 +208,12 @@ def test_the_counter_sees_a_host_copy(bundled, monkeypatch):
     dev = model.device
     with count_syncs(model) as per_step:
         session = model.start(model.build_prompt(0, "", True, model.default_grid))
-        session.forward(torch.zeros(1, dtype=torch.long, device=dev))
+        with per_step.forward():
+            session.forward(torch.zeros(1, dtype=torch.long, device=dev))
         _ = int(torch.ones((), device=dev))
         _ = torch.arange(4, device=dev)[torch.arange(4, device=dev) > 1]
-        session.forward(torch.zeros(1, dtype=torch.long, device=dev))
+        with per_step.forward():
+            session.forward(torch.zeros(1, dtype=torch.long, device=dev))
     assert per_step == [2] and per_step.forward_syncs() == []
 
     embed = model.embed
@@ -230,7 +235,8 @@ def test_the_counter_sees_a_host_copy(bundled, monkeypatch):
     try:
         with count_syncs(model) as per_step:
             session = model.start(model.build_prompt(0, "", True, model.default_grid))
-            session.forward(torch.zeros(1, dtype=torch.long, device=dev))
+            with per_step.forward():
+                session.forward(torch.zeros(1, dtype=torch.long, device=dev))
     finally:
         handle.remove()
     assert per_step.in_forward == [["__bool__", "host->device to", "host->device tensor", "host->device __getitem__"]]
@@ -251,23 +257,19 @@ def test_held_lengths_reach_the_device_without_a_copy(bundled):
     assert torch.equal(keys[1], before[1])
 
 
-def warm_exactness_probe(model, grid, prompt=3):
+def forget_exactness_probe(model):
     """ssd-exact's rounding probe (exactness.error_bound) runs once per model, device, dtype and streams, before
-    the first step, with forwards and sessions of its own (their prompt copies to the device): made here, so
-    that the steps below are the generation's alone. Its result stays on the device (no copy to the host)."""
-    from ssd_core import exactness
-
-    model.__dict__.pop("_exact_error", None)  # measured here, whatever ran before
-    with count_syncs(model) as probe_steps:
-        bound = exactness.error_bound(model, model.build_prompt(prompt, "", True, grid), model.layout(grid).forced)
-    assert probe_steps.forward_syncs() == [] and bound.dim() == 0 and len(probe_steps) >= 2
+    the first step, with forwards and sessions of its own (their prompt copies to the device): forgotten here, so
+    that the generation counted next runs it. Those are no generation's forwards, so the counts do not see them;
+    its result stays on the device (no copy to the host)."""
+    model.__dict__.pop("_exact_error", None)
 
 
 @pytest.mark.parametrize("decoder,heads", [("ssd", True), ("ssd-exact", True), ("ssd-exact", False)],
                          ids=["ssd", "ssd-exact", "ssd-exact-noheads"])
 def test_one_host_copy_per_step_on_the_bundled_model(bundled, decoder, heads):
     model, drafter = bundled
-    warm_exactness_probe(model, (10, 10))
+    forget_exactness_probe(model)
     with count_syncs(model) as per_step:
         r = ssd_core.generate(model, drafter if heads else None, prompt=3, decoder=decoder, seed=5, grid=(10, 10),
                               decode_pixels=False, score=False)
@@ -280,7 +282,7 @@ def test_one_host_copy_per_step_on_the_bundled_model(bundled, decoder, heads):
 def test_one_host_copy_per_image_and_step_single_and_batched(bundled, decoder):
     model, heads = bundled
     drafter = heads if decoder.startswith("ssd") else None
-    warm_exactness_probe(model, (5, 5))
+    forget_exactness_probe(model)
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, drafter, prompt=1, decoder=decoder, seed=2, grid=(5, 5),
                                    decode_pixels=False, score=False)
@@ -300,7 +302,7 @@ def test_one_host_copy_per_step_on_the_static_cache(bundled, bundled_static, dec
     model, heads = bundled_static
     assert static_cache.mode_of(model) == "static"
     drafter = heads if decoder.startswith("ssd") else None
-    warm_exactness_probe(model, (6, 6))
+    forget_exactness_probe(model)
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, drafter, prompt=1, decoder=decoder, seed=2, grid=(6, 6),
                                    decode_pixels=False, score=False)
@@ -335,7 +337,7 @@ def test_no_host_sync_inside_the_forward_of_any_family(family_folder, compile):
     DynamicCache and the static cache, one image and a batch of two (rows of different lengths)."""
     folder, grid = family_folder
     model = ssd_core.load_model(folder, dtype="fp32", compile=compile)
-    warm_exactness_probe(model, grid, "a red cat")
+    forget_exactness_probe(model)
     with count_syncs(model) as per_step:
         single = ssd_core.generate(model, None, prompt="a red cat", decoder="ssd-exact", seed=1, grid=grid,
                                    decode_pixels=False, score=False)

@@ -3,18 +3,23 @@ launch of 5-10 us, so a decoder's bookkeeping can eat its step savings (issue 30
 (TorchDispatchMode; views and other metadata ops launch nothing and are not counted). The row drafts of
 ssd-exact come from whole-row Jacobi sweeps (drafting._jacobi_row) instead of one head call per cell: the
 left-to-right chain is their fixed point; ssd's are that chain's drafts found by certified sweeps
-(drafting._certified_row, tests/test_drafters.py)."""
+(drafting._certified_row, tests/test_drafters.py). The counter is one of the generation's observers
+(ssd_core/observer.py): the engine tells it where steps, forwards and heads' calls begin and end."""
 import statistics
+import threading
 
 import pytest
 import torch
 
 import ssd_core
-from ssd_core.decoders import exact
+from ssd_core import calibrate, engine
+from ssd_core.decoders import exact, make_policy
 from ssd_core.decoders.drafting import _forced_features, _jacobi_row, draft, rows_end
 from ssd_core.heads import DraftHeads
+from ssd_core.observer import Observer
 from ssd_core.opcount import count_ops
 from ssd_core.run import Run
+from ssd_core.session import Session
 from ssd_core.sampling import SamplerSettings
 from tiny import tiny_model_and_heads
 
@@ -35,7 +40,7 @@ def test_ops_per_step_hold_the_budget_on_the_bundled_model(bundled, decoder):
     model, heads = bundled
     per_step, steps = [], []
     for seed in range(3):
-        with count_ops(heads) as ops:
+        with count_ops() as ops:
             r = ssd_core.generate(model, heads if decoder != "ar" else None, prompt=seed, decoder=decoder, seed=seed,
                                   decode_pixels=False, score=False, **PARAMS[decoder])
         per_step.append(ops.per_step())
@@ -96,3 +101,77 @@ def test_exact_with_row_sweeps_is_still_ar_and_drafts_about_as_well(bundled):
     steps = [sum(r.trace.steps for r in runs) for runs in (fast, slow)]
     print(f"ssd-exact steps, seeds 0-2: row sweeps {steps[0]}, cell by cell {steps[1]}")
     assert steps[0] <= steps[1] * 1.08  # a few % more steps for ~2.5x fewer ops a step
+
+
+class Recorder(Observer):
+    """Every call the engine makes, in order: (event, forward kind or None)."""
+
+    def __init__(self):
+        self.events = []
+
+    def forward_begin(self, kind):
+        self.events.append(("forward", kind))
+
+    def forward_end(self, kind):
+        self.events.append(("forward end", kind))
+
+    def step_begin(self):
+        self.events.append(("step", None))
+
+    def step_end(self):
+        self.events.append(("step end", None))
+
+    def heads_begin(self):
+        self.events.append(("heads", None))
+
+    def heads_end(self):
+        self.events.append(("heads end", None))
+
+
+@pytest.mark.parametrize("decoder", ["ssd", "ssd-exact"])
+def test_the_engine_tells_its_observers_every_forward_step_and_heads_call(tmp_path, decoder):
+    model, heads = tiny_model_and_heads(tmp_path / "model", grid=(4, 6))
+    layout = model.layout(None)
+    prompt = model.build_prompt(1, "", True, layout.grid)
+    seen = Recorder()
+    _, trace = engine.decode(model, heads, prompt, layout, SamplerSettings(seed=2, cfg=2.0),
+                             make_policy(decoder, draft_rows=2), observers=(seen,))
+    kinds = [kind for event, kind in seen.events if event == "forward"]
+    assert kinds == ["prefill"] + ["step"] * trace.steps + ["finalize"] * trace.finalize_forwards + ["score"]
+    heads_calls, inside = 0, []  # the open brackets: a forward in a step, a heads' call in a step, nothing else
+    for event, kind in seen.events:
+        if event.endswith(" end"):
+            assert inside.pop() == (event.removesuffix(" end"), kind)
+            continue
+        assert inside in ([], [("step", None)]) and (event != "step" or not inside)
+        assert (event == "heads" or kind == "step") == bool(inside)  # heads' calls and step forwards in steps only
+        heads_calls += event == "heads"
+        inside.append((event, kind))
+    assert not inside and heads_calls == trace.head_calls > 0
+
+
+def test_count_ops_counts_this_threads_steps_only_and_no_calibration(bundled, monkeypatch):
+    """Nothing is patched; another thread's generation, ssd-exact's calibration and its exactness probe (their
+    own sessions, before the first step) are not counted: a run that measures them counts what a run that finds
+    them cached does."""
+    model, heads = bundled
+    kw = dict(prompt=1, seed=1, grid=(6, 6), decode_pixels=False, score=False)
+    forward = Session.forward
+    with count_ops() as ops:
+        other = threading.Thread(target=ssd_core.generate, args=(model, None), kwargs=dict(decoder="ar", **kw))
+        other.start()
+        other.join()
+        assert Session.forward is forward
+    assert ops.steps == 0 and ops.total == 0
+    monkeypatch.delenv("SSD_CALIBRATION_FILE", raising=False)
+    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
+    monkeypatch.delitem(model.__dict__, "_exact_error", raising=False)
+    counted = []
+    for source in ("measured", "cached"):
+        with count_ops() as ops:
+            r = ssd_core.generate(model, heads, decoder="ssd-exact", **kw)
+        assert r.trace.settings["calibration"] == source
+        counted.append((ops.steps, ops.total, ops.head_total))
+    # the calibration's own ops and forwards would be thousands; one host read may move: the layout's row stride
+    # (a cached property) is first read by the calibration when it measures, else in the first step
+    assert counted[0][0] == counted[1][0] == r.trace.steps and abs(counted[0][1] - counted[1][1]) <= 1
