@@ -164,12 +164,14 @@ def test_count_ops_counts_this_threads_steps_only_and_no_calibration(bundled, mo
         assert Session.forward is forward
     assert ops.steps == 0 and ops.total == 0
     monkeypatch.delenv("SSD_CALIBRATION_FILE", raising=False)
-    monkeypatch.setattr(calibrate, "_memory", calibrate.weakref.WeakKeyDictionary())
     monkeypatch.delitem(model.__dict__, "_exact_error", raising=False)
+    measured = calibrate.Calibration(path="")
+    cached = calibrate.Calibration(path="")  # the costs the first measured, no run observed: the same rows
     counted = []
-    for source in ("measured", "cached"):
+    for source, calibration in (("measured", measured), ("cached", cached)):
         with count_ops() as ops:
-            r = ssd_core.generate(model, heads, decoder="ssd-exact", **kw)
+            r = ssd_core.generate(model, heads, decoder="ssd-exact", calibration=calibration, **kw)
+        cached.costs = dict(measured.costs)
         assert r.trace.settings["calibration"] == source
         counted.append((ops.steps, ops.total, ops.head_total))
     # the calibration's own ops and forwards would be thousands; one host read may move: the layout's row stride
