@@ -281,7 +281,7 @@ def head_seconds(heads, streams: int, width: int, device) -> float:
     best = float("inf")
     for i in range(4):
         start = time.perf_counter()
-        heads.vertical.forward(*inputs).sum().item()  # .forward: a generation's hooks on the heads do not fire
+        heads.vertical.forward(*inputs).sum().item()  # a call outside Run.call_heads: no head call counted
         if i:
             best = min(best, time.perf_counter() - start)
     return best
