@@ -195,7 +195,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid, **switches) for p in prompts]
     choice = None
     if picks_rows(decoder, params):  # rows and heads that fit the device, measured once per model (calibrate.py)
-        streams = len(prompts) * (2 if settings[0].guided else 1)
+        streams = sum(p.ids.shape[0] for p in prompt_ids)  # the batch's stream rows (cond and uncond per image)
         with mps_op_errors(), torch.no_grad(), threads.for_sampling(model):
             choice = calibrate.pick(model, heads if uses_heads(decoder) else None, layout, streams,
                                     calibration or calibrate.calibration_of(model), images=len(prompts))

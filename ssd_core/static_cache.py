@@ -157,13 +157,18 @@ def cache_bytes(model, streams: int = 2, prompt_len: int = 256) -> int:
     opts = getattr(model, "static", None)
     if opts is None:
         return 0
+    layers, kv_heads, head_dim = _kv_shape(model)
+    positions = capacity(opts, prompt_len)
+    return layers * 2 * streams * kv_heads * positions * head_dim * model.dtype.itemsize
+
+
+def _kv_shape(model) -> tuple[int, int, int]:
+    """(layers, key-value heads, head dim) of the model's text stack: what one position of its KV cache holds."""
     cfg = model.backbone().config
     cfg = getattr(cfg, "text_config", None) or cfg
     heads = getattr(cfg, "num_attention_heads", 1)
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    positions = capacity(opts, prompt_len)
-    return cfg.num_hidden_layers * 2 * streams * kv_heads * positions * head_dim * model.dtype.itemsize
+    return cfg.num_hidden_layers, kv_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
 
 
 def pool_bytes(model) -> int:
@@ -212,14 +217,10 @@ def _new_cache(model, capacity: int, rows: int | None = None):
     whose first prefill may have fewer streams), else each layer's at its first write (its streams, its device)."""
     from transformers import StaticCache
 
-    config = model.backbone().config
-    cache = StaticCache(config=config, max_cache_len=capacity)  # same call in 4.57 and 5.x
+    cache = StaticCache(config=model.backbone().config, max_cache_len=capacity)  # same call in 4.57 and 5.x
     if rows is None:
         return cache
-    cfg = getattr(config, "text_config", None) or config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    _, kv_heads, head_dim = _kv_shape(model)
     cache.early_initialization(rows, kv_heads, head_dim, model.dtype, model.device)
     return cache
 
