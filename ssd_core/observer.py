@@ -68,29 +68,24 @@ class Observers(Observer):
         for o in reversed(self.observers):
             o.heads_end()
 
-    @contextlib.contextmanager
     def forward(self, kind: str):
-        self.forward_begin(kind)
-        try:
-            yield
-        finally:
-            self.forward_end(kind)
+        return _span(self.forward_begin, self.forward_end, kind)
 
-    @contextlib.contextmanager
     def step(self):
-        self.step_begin()
-        try:
-            yield
-        finally:
-            self.step_end()
+        return _span(self.step_begin, self.step_end)
 
-    @contextlib.contextmanager
     def heads(self):
-        self.heads_begin()
-        try:
-            yield
-        finally:
-            self.heads_end()
+        return _span(self.heads_begin, self.heads_end)
+
+
+@contextlib.contextmanager
+def _span(begin, end, *args):
+    """with-block that calls begin(*args), then end(*args) also when the body raises."""
+    begin(*args)
+    try:
+        yield
+    finally:
+        end(*args)
 
 
 NONE = Observers()  # a run outside the engine (tests, tools) is watched by nobody
