@@ -122,7 +122,8 @@ class SSDSampler(io.ComfyNode):
                                      "to ar, fewer = fewer steps"),
                 io.Combo.Input("grid", options=grids.choices(), default=grids.AUTO,
                                tooltip="image size in tokens (rows x columns), its pixels and aspect, and the "
-                                       "family it belongs to; auto = the model's default"),
+                                       "model it is for (a bundled model's name, or a family: janus, emu3, lumina); "
+                                       "auto = the model's default"),
                 io.String.Input("negative_prompt", multiline=True, default="", optional=True, tooltip=(
                     f"what to steer away from: only {', '.join(families_with_negative_prompts())} models take one; "
                     "leave it empty for the others")),
@@ -175,7 +176,7 @@ class SSDSampler(io.ComfyNode):
             top_p=_auto(top_p, float, "top_p"),
             min_p=_auto(min_p, float, "min_p"),
             params=DecoderParams(draft_rows=draft_rows, verify_rounds=verify_rounds),  # each checked: a whole number
-            grid=grids.parse(grid, getattr(model, "family", "")),
+            grid=grids.parse(grid, getattr(model, "family", ""), ssd_model.name),
             official_suffix=bool(official_suffix),
         )
         heads = ssd_model.heads if uses_heads(decoder) else None

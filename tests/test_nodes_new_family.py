@@ -112,15 +112,22 @@ def test_the_loader_and_sampler_run_a_registered_family(toy_registered):
     ar = nodes.SSDSampler().sample(m, decoder="ar", grid="4x4 (8x8 px, 1:1) toy", **args)
     exact = nodes.SSDSampler().sample(m, decoder="ssd-exact", grid="4x4 (8x8 px, 1:1) toy", **args)
     assert ar["result"][1]["grid"] == [4, 4] and exact["result"][1]["tokens"] == ar["result"][1]["tokens"]
-    with pytest.raises(ValueError, match="reference size and this model is toy: pick auto or one of: 3x5"):
+    with pytest.raises(ValueError, match="a size for reference and this model is my-toy: pick auto or one of: 3x5"):
         nodes.SSDSampler().sample(m, decoder="ar", grid="8x8 (32x32 px, 1:1) reference", **args)
 
 
 def test_the_grid_list_is_the_registry_s(toy_registered):
-    """Every listed size comes from a family class: its grids, pixels per token and tag."""
+    """Every listed size comes from a bundled model's ssd_model.json or a family class: its grids, pixels per
+    token and tag (the bundled model's name or the family's)."""
+    bundled = {"reference": [(24, 24), (16, 16), (12, 12), (8, 8)],
+               "reference-48": [(48, 48), (32, 32), (16, 16), (12, 12), (8, 8)]}
     for tag, (name, px, listed) in grids.sizes().items():
         cls = families.family_class(name)
-        assert tag == (cls.grid_tag or name) and px == cls.pixels_per_token and listed == cls.listed_grids()
+        assert px == cls.pixels_per_token
+        if tag in bundled:
+            assert name == "llama-grid" and listed == bundled[tag]
+        else:
+            assert tag == name and listed == cls.listed_grids()
     assert grids.sizes()["toy"] == ("toy", 2, [(3, 5), (4, 4)])
 
 

@@ -108,7 +108,6 @@ class GridModel:
     negative_prompts: bool = False  # the unconditional stream can be a negative prompt
     # ---- what the nodes list before any model is loaded (the sampler's grid list) -----------------
     pixels_per_token: int = 0  # pixels per token side of the family's pixel decoder (0: none listed)
-    grid_tag: str = ""  # the word the grid list tags this family's sizes with ("" = the family name)
     # ---- per model (set by __init__) --------------------------------------------------------------
     hidden_size: int
     image_vocab_size: int

@@ -21,6 +21,20 @@ TRAINING_PROMPTS = (
 )
 
 
+LISTED_RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))  # width:height the grid lists offer
+
+
+def nearest_ratios(grids, ratios=LISTED_RATIOS) -> list[tuple[int, int]]:
+    """For each width:height ratio, the grid of `grids` (rows, cols) whose aspect is nearest (the larger on a tie);
+    each grid once, in the ratios' order: a short list of a family's many sizes."""
+    out = []
+    for rw, rh in ratios:
+        best = min(grids, key=lambda g: (abs(math.log(g[1] / g[0] * rh / rw)), -g[0] * g[1]))
+        if tuple(best) not in out:
+            out.append(tuple(best))
+    return out
+
+
 def first_id(*candidates) -> int | None:
     """The first token id given among candidates (None skipped; a list stands for its first id)."""
     for c in candidates:

@@ -35,7 +35,7 @@ DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing finger
                     "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
                     "username, blurry.")
 UPSTREAM_SIDE = 90  # 720 px at f = 8
-RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16))
+RATIOS = common.LISTED_RATIOS
 
 def ratio_grids(default_grid) -> list[tuple[int, int]]:
     """The default grid, then its area at each of RATIOS (width:height) as (rows, cols)."""

@@ -127,13 +127,9 @@ def load_vq_decoder(folder: Path | None, spec: dict):
 
 class LlamaGridModel(GridModel):
     family = "llama-grid"
-    # the grid list offers the bundled reference model's sizes (its VQ decoder: 4 px a token), tagged "reference"
+    # the reference VQ decoder's 4 px a token; the grid list offers each bundled model's own sizes (nodes/grids.py),
+    # a folder of this family lists none (its ssd_model.json names its sizes)
     pixels_per_token = 4
-    grid_tag = "reference"
-
-    @classmethod
-    def listed_grids(cls):
-        return [(24, 24), (16, 16), (12, 12), (8, 8)]
 
     def __init__(self, model: torch.nn.Module, spec: dict, folder: Path | None = None, vq=None):
         super().__init__(model)

@@ -155,8 +155,7 @@ class LuminaModel(TextGridModel):
 
     @classmethod
     def listed_grids(cls):
-        square = (UPSTREAM_SIDE, UPSTREAM_SIDE)
-        return [square] + [g for g in crop_size_grids(UPSTREAM_SIDE // 2) if g != square]
+        return common.nearest_ratios(crop_size_grids(UPSTREAM_SIDE // 2))  # 7 of its 73 sizes, the square first
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, vqgan=None,
                  grid=None):
