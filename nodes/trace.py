@@ -105,13 +105,14 @@ def headline(trace, dtype=None, time=True):
     decoder = trace.get("decoder")
     h, w = (int(v) for v in trace["grid"])
     counts = trace.get("counts") or {}
-    sampled = h * w - int(counts.get("forced", 0) or 0)  # plain AR's steps: one per token it samples
+    # plain AR's steps: one per token it samples, less the first, which the prompt's forward gives every decoder
+    ar_steps = max(h * w - int(counts.get("forced", 0) or 0) - 1, 0)
     steps = int(trace.get("steps", 0))
     if decoder == "ar":
         parts = [f"ar: one token at a time, {steps} model steps (the reference)"]
     elif steps > 0:
-        parts = [f"{decoder}: {sampled / steps:.1f}x fewer model steps than one token at a time "
-                 f"({steps} instead of {sampled})"]
+        parts = [f"{decoder}: {ar_steps / steps:.1f}x fewer model steps than one token at a time "
+                 f"({steps} instead of {ar_steps})"]
     else:
         parts = [f"{decoder}: no model steps"]
     if time:
@@ -147,10 +148,10 @@ def details(trace):
     if kinds:
         parts.append(kinds)
     nll, full = trace.get("nll"), trace.get("nll_full")
-    if nll is not None and math.isfinite(float(nll)):
-        parts.append(f"nll {float(nll):.3f}")
+    if nll is not None and math.isfinite(float(nll)):  # the model's mean surprise at the tokens (lower: likelier)
+        parts.append(f"NLL {float(nll):.3f} nats a token")
     elif full is not None and math.isfinite(float(full)):  # a token outside top-k / top-p: the untruncated figure
-        parts.append(f"nll {float(full):.3f} (untruncated: a token fell outside top-k / top-p)")
+        parts.append(f"NLL {float(full):.3f} nats a token before top-k / top-p (a token fell outside them)")
     picked = (trace.get("settings") or {}).get("draft_rows_picked")
     if picked:  # ssd-exact's draft rows 0: what its calibration picked (ssd_core/calibrate.py)
         heads = "with the heads" if trace["settings"].get("heads_used") else "without heads (they do not pay here)"

@@ -58,10 +58,10 @@ def test_compact_trace_is_strict_json():
     json.dumps(small, allow_nan=False)
     assert small["nll"] is None and small["wall_s"] is None and small["tokens_per_step"] == 3.0
     s = trace_mod.stats_text(t)
-    assert "inf" not in s and "nan" not in s and "nll" not in s  # an infinite NLL is never shown
+    assert "inf" not in s and "nan" not in s and "NLL" not in s  # an infinite NLL is never shown
     t.update(nll=None, nll_full=2.5)  # as the engine writes it: null, with the untruncated figure
     s = trace_mod.stats_text(t)
-    assert "nll 2.500 (untruncated" in s and "inf" not in s
+    assert "NLL 2.500 nats a token before top-k / top-p" in s and "inf" not in s
 
 
 def test_stats_text():
@@ -70,12 +70,12 @@ def test_stats_text():
     t = fake_trace()
     t.update(wall_s=1.5, nll=2.25, counts={"accepted": 2, "ar": 1, "corrected": 3}, seed=3)
     head, detail = trace_mod.stats_text(t).split("\n")
-    assert head == "ssd: 3.0x fewer model steps than one token at a time (2 instead of 6) | 1.50 s"
+    assert head == "ssd: 2.5x fewer model steps than one token at a time (2 instead of 5) | 1.50 s"
     assert detail.startswith("details: 2x3 = 6 tokens in 2 steps | 3.00 tokens per step")
     assert "drafted right 2, fixed by the model 3, one at a time 1" in detail
-    assert "nll 2.250" in detail and "seed 3" in detail
+    assert "NLL 2.250 nats a token" in detail and "seed 3" in detail
     t.update(counts={"accepted": 2, "ar": 1, "forced": 2})  # forced cells are not plain AR's steps
-    assert "(2 instead of 4)" in trace_mod.stats_text(t)
+    assert "(2 instead of 3)" in trace_mod.stats_text(t)
 
 
 def test_stats_text_says_when_the_picture_is_plain_ars():
@@ -105,7 +105,7 @@ def test_batch_stats_say_the_time_once():
     b.update(wall_s=3.0, seed=2, steps=3)
     lines = trace_mod.batch_stats_text([a, b], notes=["", " | note"]).splitlines()
     assert lines[0].startswith("batch of 2 images: 3.00 s for all of them")
-    assert lines[1].startswith("image 1: ssd: 3.0x fewer") and not lines[1].endswith(" s")
+    assert lines[1].startswith("image 1: ssd: 2.5x fewer") and not lines[1].endswith(" s")
     assert lines[2].startswith("  details:") and "seed 1" in lines[2]
-    assert lines[3].startswith("image 2: ssd: 2.0x fewer") and lines[3].endswith(" | note") and "seed 2" in lines[4]
+    assert lines[3].startswith("image 2: ssd: 1.7x fewer") and lines[3].endswith(" | note") and "seed 2" in lines[4]
     assert len(lines) == 5

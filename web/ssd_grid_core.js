@@ -136,11 +136,12 @@ export function legendLines(trace) {
   if (counts.pending > 0) first += `${first ? "  " : ""}pending ${counts.pending}`;
   const steps = trace.steps || 0;
   const decoder = `${trace.decoder || "?"}${trace.done ? "" : " (running)"}`;
-  const sampled = cells - counts.pending - counts.forced; // plain AR's steps for the tokens made so far
+  // plain AR's steps for the tokens made so far: one a token, less the first (the prompt's forward gives it)
+  const arSteps = Math.max(cells - counts.pending - counts.forced - 1, 0);
   const time = fmtSeconds(Number(trace.wall_s || 0));
   let head;
   if (trace.decoder === "ar") head = [decoder, "one token at a time", time];
-  else if (steps > 0) head = [decoder, `${(sampled / steps).toFixed(1)}x fewer steps than one at a time`, time];
+  else if (steps > 0) head = [decoder, `${(arSteps / steps).toFixed(1)}x fewer steps than one at a time`, time];
   else head = [decoder, time];
   const details = [`${steps} steps`];
   if (steps > 0) details.push(`${((cells - counts.pending) / steps).toFixed(2)} tokens/step`);

@@ -82,11 +82,11 @@ test("hoverText names status, step and round", () => {
 test("legend: plain words per colour, the speed-up and time, then the details", () => {
   const [counts, run, details] = legendLines(normalizeTrace(compact));
   assert.equal(counts, "drafted right 2  fixed by the model 1  one at a time 1  forced 1  pending 1");
-  // 4 tokens made (forced and pending cells are not plain AR's steps) in 2 steps
-  assert.equal(run, "ssd · 2.0x fewer steps than one at a time · 1.23 s");
+  // 4 tokens made (forced and pending cells are not plain AR's steps; the first comes with the prompt): 3 AR steps
+  assert.equal(run, "ssd · 1.5x fewer steps than one at a time · 1.23 s");
   assert.equal(details, "2 steps · 2.50 tokens/step");
   const [, liveRun] = legendLines(normalizeTrace({ ...compact, done: false, wall_s: 12.5 }));
-  assert.match(liveRun, /^ssd \(running\) · 2\.0x fewer steps/);
+  assert.match(liveRun, /^ssd \(running\) · 1\.5x fewer steps/);
   assert.match(liveRun, /12\.5 s$/);
   const exact = legendLines(normalizeTrace({ ...compact, decoder: "ssd-exact" }));
   assert.match(exact[2], /^same image as plain AR \(fp32\) · 2 steps/);
