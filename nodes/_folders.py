@@ -170,3 +170,13 @@ def weights_bytes(path):
             if f.endswith((".safetensors", ".bin", ".pt", ".ckpt")):
                 total += os.path.getsize(os.path.join(dirpath, f))
     return total
+
+
+def calibration_file():
+    """Where ssd-exact's measured costs are kept across ComfyUI restarts (ComfyUI's user directory,
+    ssd/calibration.json), so a model's pick on this device is measured once; None outside ComfyUI or when
+    SSD_CALIBRATION_FILE names a file of the user's own."""
+    fp = module("folder_paths", "get_user_directory")
+    if fp is None or os.environ.get("SSD_CALIBRATION_FILE"):
+        return None
+    return os.path.join(fp.get_user_directory(), "ssd", "calibration.json")

@@ -3,6 +3,7 @@
 ``execute`` is ComfyUI's entry; ``load`` is the same work as a plain call (tests, scripts)."""
 
 from .. import ssd_core
+from ..ssd_core.calibrate import calibration_of
 from ..ssd_core.errors import printable, shown
 from ..ssd_core.memory import OFFLOADS, QUANTIZATIONS, out_of_memory
 from ..ssd_core.static_cache import MODES as COMPILE_MODES
@@ -89,6 +90,9 @@ class SSDLoadModel(io.ComfyNode):
                                          free_bytes=_devices.free_vram(dev) if offload == "auto" else None,
                                          compile=compile)
             patcher = _patcher.manage(loaded, dev)
+            calibration = calibration_of(loaded)  # shared by every load of this model (calibrate.py)
+            if calibration.path is None:
+                calibration.path = _folders.calibration_file()
         except torch.OutOfMemoryError:
             _devices.soft_empty_cache()
             raise out_of_memory("loading the model") from None

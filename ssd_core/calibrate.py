@@ -160,11 +160,21 @@ class Calibration:
             totals[1] += steps
 
 
+_SHARED: dict[str, Calibration] = {}  # model key -> its Calibration, for this process (calibration_of)
+_SHARED_LOCK = threading.Lock()
+
+
 def calibration_of(model) -> Calibration:
-    """The model's own Calibration (made on first use; it lives as long as the loaded model)."""
+    """The model's own Calibration: one per model, dtype, device and compile mode in this process, so a model loaded
+    again (ComfyUI reloads it after /free, or after another dtype) keeps its costs and observed acceptance, and
+    its picks do not move between loads."""
     found = getattr(model, "calibration", None)
     if not isinstance(found, Calibration):
-        found = Calibration()
+        if _named(model):
+            with _SHARED_LOCK:
+                found = _SHARED.setdefault(_model_key(model), Calibration())
+        else:  # a model built in memory has no name to know it again by: its own
+            found = Calibration()
         model.calibration = found
     return found
 
@@ -227,14 +237,29 @@ def pick(model, heads, layout, streams: int, calibration: Calibration, images: i
         return replace(best, tuner=Tuner(calibration, key, costs, best.heads, source))
 
 
-def _key(model, layout, streams: int) -> str:
+def _named(model) -> bool:
+    return bool(getattr(getattr(getattr(model, "model", None), "config", None), "_name_or_path", ""))
+
+
+def _model_parts(model) -> tuple[list[str], list[str]]:
+    """The model, dtype and device, and the compile mode (empty when off): what a pick's costs depend on besides
+    the grid and streams."""
     dev = torch.device(model.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     ident = getattr(getattr(getattr(model, "model", None), "config", None), "_name_or_path", "") or model.family
-    H, W = layout.grid
     mode = static_cache.mode_of(model)  # a compiled step costs another time than an eager one
-    return f"{model.family}|{ident}|{str(model.dtype).removeprefix('torch.')}|{name}|{H}x{W}|{streams} streams" + \
-        ("" if mode == "off" else f"|{mode}")
+    return [model.family, ident, str(model.dtype).removeprefix("torch."), name], ([] if mode == "off" else [mode])
+
+
+def _model_key(model) -> str:
+    what, mode = _model_parts(model)
+    return "|".join(what + mode)
+
+
+def _key(model, layout, streams: int) -> str:
+    what, mode = _model_parts(model)
+    H, W = layout.grid
+    return "|".join(what + [f"{H}x{W}", f"{streams} streams"] + mode)
 
 
 @torch.no_grad()

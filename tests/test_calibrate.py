@@ -263,3 +263,24 @@ def test_bench_and_the_stats_say_what_was_picked():
         node_trace.details(trace)
     trace["settings"].update(draft_rows_picked=1, heads_used=True)
     assert "| 1 draft row with the heads, picked for this model and device |" in node_trace.details(trace)
+
+
+def test_a_model_loaded_again_keeps_its_calibration_and_its_pick():
+    """ComfyUI loads a model again after /free or a dtype switch: the same model, dtype and device share one
+    Calibration in the process, so its measured costs and observed acceptance (and so its pick) stay; another dtype
+    gets its own, and a model built in memory (no folder to know it by) its own."""
+    first = ssd_core.load_model("reference")
+    again = ssd_core.load_model("reference")
+    assert first is not again and calibrate.calibration_of(first) is calibrate.calibration_of(again)
+    half = ssd_core.load_model("reference", dtype=torch.bfloat16)
+    assert calibrate.calibration_of(half) is not calibrate.calibration_of(first)
+    layout = first.layout(None)
+    cal = calibrate.calibration_of(first)
+    key = calibrate._key(first, layout, 2)
+    cal.costs[key] = forced_costs(layout.row_stride, lambda w: 4e-3)  # a GPU-like device, so the rows can widen
+    cal.observe(key, (2, False), 200, 40)  # what the first load's images made: 5 cells a step at 2 rows
+    picks = [calibrate.pick(m, None, layout, 2, calibrate.calibration_of(m)) for m in (first, again)]
+    assert picks[0].source == picks[1].source == "cached" and picks[0].rows == picks[1].rows > 1
+    anon = ssd_core.load_model("reference")
+    anon.model.config._name_or_path = ""  # as a model built in memory has it
+    assert calibrate.calibration_of(anon) is not calibrate.calibration_of(first)

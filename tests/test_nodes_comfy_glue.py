@@ -1,4 +1,5 @@
 """The nodes' glue to ComfyUI through stand-ins for its modules: model folders, device choice, making room."""
+import json
 import sys
 import types
 
@@ -86,3 +87,27 @@ def test_make_room_asks_comfyui_to_unload_before_a_gpu_load(fake_comfy, tmp_path
     assert calls == [(1200, "cuda")]
     assert devices_glue.make_room(1000, torch.device("cpu")) is False
     assert devices_glue.make_room(0, torch.device("cuda")) is False
+
+
+def test_the_loader_keeps_ssd_exacts_costs_in_comfyuis_user_directory(tmp_path, monkeypatch):
+    """In ComfyUI the measured costs behind ssd-exact's pick go to the user directory's ssd/calibration.json, so a
+    restart picks the same rows without measuring; a file named by SSD_CALIBRATION_FILE is the user's choice."""
+    calibrate = pack_module("ssd_core.calibrate")
+    fp = types.ModuleType("folder_paths")
+    fp.get_user_directory = lambda: str(tmp_path / "user")
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    monkeypatch.delenv("SSD_CALIBRATION_FILE", raising=False)
+    (m,) = nodes.SSDLoadModel().load("reference", "float32", "cpu")
+    cal = calibrate.calibration_of(m.model)  # shared with every load of the bundled model in this process
+    try:
+        assert cal.file() == str(tmp_path / "user" / "ssd" / "calibration.json")
+        key = calibrate._key(m.model, m.model.layout((12, 12)), 2)
+        cal.costs.pop(key, None)  # measured now, whatever ran before in this process
+        out = nodes.SSDSampler().sample(m, prompt="face", seed=1, decoder="ssd-exact", draft_rows=0,
+                                        grid="12x12 (48x48 px, 1:1) reference")
+        assert out["result"][1]["settings"]["draft_rows_picked"] >= 1
+        assert key in json.loads((tmp_path / "user" / "ssd" / "calibration.json").read_text())
+        monkeypatch.setenv("SSD_CALIBRATION_FILE", str(tmp_path / "mine.json"))
+        assert folders_glue.calibration_file() is None  # the user's own file wins
+    finally:
+        cal.path = None  # the next test's loads get ComfyUI's file (or none) again
