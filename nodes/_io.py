@@ -5,7 +5,7 @@ pack's import with a message that says which ComfyUI is needed. The tests run th
 a stand-in of the module (tests/comfy_stand_in.py), installed before the nodes import.
 """
 
-MIN_COMFYUI = "0.3.50"  # the oldest ComfyUI the pack is tested on (pyproject's requires-comfyui)
+MIN_COMFYUI = "0.3.64"  # the oldest ComfyUI the pack is tested on (pyproject's requires-comfyui, README)
 
 try:
     from comfy_api.latest import ComfyExtension, io

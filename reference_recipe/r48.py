@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import time
 
@@ -183,7 +182,7 @@ def train(work: str, minutes: float, resume: bool) -> None:
 
 
 def ship(work: str, out: str) -> None:
-    """The best checkpoint as a model folder: fp16 weights, ssd_model.json, the VQ and the yardstick."""
+    """The best checkpoint as a model folder: fp16 weights and ssd_model.json naming reference's VQ and yardstick."""
     model = warm_start()
     model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
     os.makedirs(out, exist_ok=True)
@@ -191,10 +190,11 @@ def ship(work: str, out: str) -> None:
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     spec["grid"] = [48, 48]
     spec["grids"] = [[32, 32]]
+    # the VQ and the yardstick are reference's own: one copy in the pack, named from here (model_files.inside)
+    spec["vq_decoder"] = "../model/vq.safetensors"
+    spec["yardstick"] = "../model/yardstick.safetensors"
     with open(os.path.join(out, "ssd_model.json"), "w") as f:
         json.dump(spec, f, indent=1)
-    for name in ("vq.safetensors", "yardstick.safetensors"):
-        shutil.copyfile(os.path.join(REFERENCE, name), os.path.join(out, name))
     log(f"wrote {out}")
 
 

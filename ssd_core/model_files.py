@@ -87,10 +87,14 @@ FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes
 COPY_IN = "copy the file itself into the folder (cp -L), or download into a folder of its own (local_dir)"
 
 
+BUNDLED_ROOT = Path(__file__).resolve().parent / "reference"  # the bundled models' folders share its files
+
+
 def inside(folder, name, what: str, fix: str = COPY_IN) -> Path:
     """`folder`/`name` resolved (symlinks and '..' followed) and refused unless its real path lies inside the
-    folder's real path. `what` names the entry in messages (e.g. "ssd_model.json's vq_decoder"), `fix` says what
-    to do when it lies outside."""
+    folder's real path (for a bundled model's folder: inside the pack's reference folder, so the bundled models
+    share one VQ decoder and yardstick). `what` names the entry in messages (e.g. "ssd_model.json's vq_decoder"),
+    `fix` says what to do when it lies outside."""
     if not isinstance(name, (str, os.PathLike)):
         raise SSDError(f"{what} must be a file name inside the model folder {folder}, got {shown(name)}")
     text = os.fspath(name)
@@ -104,6 +108,8 @@ def inside(folder, name, what: str, fix: str = COPY_IN) -> Path:
     except (OSError, ValueError, RuntimeError) as err:  # a name too long, a symlink loop
         raise SSDError(f"{what} {shown(text)} cannot be resolved in {folder} ({type(err).__name__}): name a file "
                        "inside the model folder") from None
+    if BUNDLED_ROOT in root.parents:
+        root = BUNDLED_ROOT
     if full != root and root not in full.parents:
         raise SSDError(f"{what} {shown(text)} lies outside the model folder {folder} (it resolves to {full}); "
                        f"the pack reads only files inside it: {fix}")

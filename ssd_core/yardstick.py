@@ -172,11 +172,15 @@ def load_yardstick(path=None) -> Yardstick:
 
 
 def for_model(model) -> Yardstick | None:
-    """The yardstick shipped in a class-conditional model's folder (`yardstick.safetensors`, made for
-    the same class names), else None: other models have no yardstick."""
+    """The yardstick shipped in a class-conditional model's folder (ssd_model.json's `yardstick`, by default
+    `yardstick.safetensors`, made for the same class names), else None: other models have no yardstick."""
+    from .model_files import inside
+
     folder = getattr(model, "folder", None)
-    path = Path(folder) / "yardstick.safetensors" if folder is not None else None
-    if path is None or not path.is_file() or not getattr(model, "spec", {}).get("vq_decoder"):
+    spec = getattr(model, "spec", {})
+    name = spec.get("yardstick", "yardstick.safetensors")
+    path = inside(folder, name, "ssd_model.json's yardstick") if folder is not None else None
+    if path is None or not path.is_file() or not spec.get("vq_decoder"):
         return None  # no yardstick, or no pixels to judge
     stick = load_yardstick(path)
     return stick if list(stick.class_names) == list(getattr(model, "class_names", None) or []) else None

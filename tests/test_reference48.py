@@ -45,3 +45,24 @@ def test_the_middle_grid_32x32_is_exact_too(bundled48):
                                decode_pixels=False, score=False)
         assert tuple(ar.image.shape) == (128, 128, 3)
         assert torch.equal(ar.tokens, ex.tokens) and ex.trace.steps < ar.trace.steps / 2.5
+
+
+def test_it_ships_no_second_copy_of_references_vq_and_yardstick(bundled48, tmp_path):
+    """The two bundled models share one VQ decoder and one yardstick (the pack ships each once): reference-48 names
+    reference's, and decodes and is judged with them; a copy of its folder outside the pack is refused with the
+    fix, like any name that leaves its folder."""
+    import json
+    import shutil
+
+    from ssd_core import yardstick
+
+    model, _ = bundled48
+    folder = BUNDLED_MODELS["reference-48"]
+    assert not (folder / "vq.safetensors").exists() and not (folder / "yardstick.safetensors").exists()
+    spec = json.loads((folder / "ssd_model.json").read_text())
+    assert (spec["vq_decoder"], spec["yardstick"]) == ("../model/vq.safetensors", "../model/yardstick.safetensors")
+    assert yardstick.for_model(model) is not None and model.decode(torch.zeros(2, 2, dtype=torch.long)).shape == (8, 8, 3)
+    copy = tmp_path / "my48"
+    shutil.copytree(folder, copy)
+    with pytest.raises(ssd_core.SSDError, match="lies outside the model folder .*put the file inside that folder"):
+        ssd_core.load_model(str(copy))
