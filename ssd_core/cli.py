@@ -1,4 +1,4 @@
-"""Command line: generate, train-heads, bench, convert-vqgan, check-model."""
+"""Command line: generate, train-heads, bench, convert-vqgan, convert-movqgan, check-model."""
 from __future__ import annotations
 
 import argparse
@@ -201,6 +201,21 @@ def cmd_convert_vqgan(args) -> int:
     return convert([args.src, args.dst])
 
 
+def cmd_convert_movqgan(args) -> int:
+    """Lumina-mGPT 2.0's movqgan_270M.ckpt -> movqgan.safetensors (pixel_decoders/movqgan.py)."""
+    from .pixel_decoders.convert_vqgan import ConversionError
+    from .pixel_decoders.movqgan import convert
+
+    try:
+        cfg = convert(args.src, args.dst)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.dst}: {cfg.n_embed} codes, embed_dim {cfg.embed_dim}, ch {cfg.ch}, ch_mult {cfg.ch_mult}, "
+          f"f={cfg.factor}")
+    return 0
+
+
 def cmd_check_model(args) -> int:
     """The folder's report on stdout (JSON with --json); exit 2 with one error line when a finding blocks loading."""
     from .check_model import check_folder, format_report, key_findings
@@ -277,6 +292,10 @@ def _convert_parser(sub) -> None:
     c.add_argument("src")
     c.add_argument("dst")
     c.set_defaults(func=cmd_convert_vqgan)
+    m = sub.add_parser("convert-movqgan", help="Lumina-mGPT 2.0's movqgan_270M.ckpt -> movqgan.safetensors")
+    m.add_argument("src")
+    m.add_argument("dst")
+    m.set_defaults(func=cmd_convert_movqgan)
 
 
 def _check_model_parser(sub) -> None:
@@ -292,7 +311,7 @@ def main(argv=None) -> int:
     start = len(WRITTEN)
     try:
         args = build_parser().parse_args(argv)
-        if args.command not in ("convert-vqgan", "check-model"):
+        if args.command not in ("convert-vqgan", "convert-movqgan", "check-model"):
             validate(args)
         return args.func(args)
     except SSDError as err:
