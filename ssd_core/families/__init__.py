@@ -17,6 +17,7 @@ FAMILIES = {
     "janus": (".janus", "JanusModel"),
     "emu3": (".emu3", "Emu3Model"),
     "lumina": (".lumina", "LuminaModel"),
+    "lumina2": (".lumina2", "Lumina2Model"),
 }
 
 
@@ -31,16 +32,24 @@ def families_with_negative_prompts() -> list[str]:
     return [name for name in FAMILIES if family_class(name).negative_prompts]
 
 
-def family_of_model_type(model_type) -> str | None:
+def _fitting(names: list[str], config: dict | None) -> str | None:
+    """The first of `names` whose class takes this config (fits_config: Lumina-mGPT 1 and 2.0 share one
+    architecture), else the first."""
+    fits = lambda name: getattr(family_class(name), "fits_config", lambda c: True)(config or {})  # noqa: E731
+    return next((n for n in names if fits(n)), names[0] if names else None)
+
+
+def family_of_model_type(model_type, config: dict | None = None) -> str | None:
     """The family whose transformers class has this config.json model_type (None: not one of ours)."""
-    return next((name for name in FAMILIES if model_type in family_class(name).model_types), None)
+    return _fitting([name for name in FAMILIES if model_type in family_class(name).model_types], config)
 
 
 def family_of_folder(folder) -> str | None:
     """The family whose transformers class a folder's config.json names (None: not one of ours)."""
     from ..model_files import read_config
 
-    return family_of_model_type(read_config(folder).get("model_type"))
+    config = read_config(folder)
+    return family_of_model_type(config.get("model_type"), config)
 
 
 def detect_family(folder: Path) -> str:
@@ -54,9 +63,10 @@ def detect_family(folder: Path) -> str:
     if os.path.lexists(folder / SSD_MODEL_JSON):  # an SSDError when it is not a JSON object or its family not a name
         return read_ssd_model_json(folder).get("family", "llama-grid")
 
-    archs = read_config(folder).get("architectures")  # an SSDError when config.json is missing or not JSON
+    config = read_config(folder)  # an SSDError when config.json is missing or not JSON
+    archs = config.get("architectures")
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""
-    by_arch = next((name for name in FAMILIES if arch in family_class(name).architectures), None)
+    by_arch = _fitting([name for name in FAMILIES if arch in family_class(name).architectures], config)
     if by_arch is not None:
         return by_arch
     by_type = family_of_folder(folder)  # an unlisted class name of a known model_type

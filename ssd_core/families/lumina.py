@@ -47,6 +47,13 @@ VQGAN_FIX = ("convert Meta's Chameleon tokenizer/vqgan.ckpt with `python -m ssd_
 TOKENIZER_REPO = "Alpha-VLLM/Lumina-mGPT-7B-768"  # where Lumina-mGPT's item processor takes its tokenizer from
 
 
+def release_of(config: dict) -> int:
+    """Which Lumina-mGPT a fork config.json is: 2 when its vocabulary reaches Lumina-mGPT 2.0's image ids
+    (155000-171383, families/lumina2.py), else 1 (Chameleon's 65,536 ids, image tokens named in vocabulary_map)."""
+    vocab = config.get("vocab_size")
+    return 2 if isinstance(vocab, int) and vocab > 155000 else 1
+
+
 def upstream_side(folder) -> int:
     """The grid side a folder's model was trained for: its name's resolution (the released repos' names end in
     -512 / -768 / -1024, px / 16 tokens a side), else 768 px."""
@@ -121,14 +128,15 @@ def size_token_name(cells: int) -> str:
     return f"<reserved{SIZE_BASE + cells // 2:05d}>"
 
 
-def crop_size_grids(side_patches: int, max_ratio: float = 4.0) -> list[tuple[int, int]]:
-    """Lumina-mGPT's resolution list (its generate_crop_size_list over 32-px patches) as (rows, cols) grids."""
+def crop_size_grids(side_patches: int, max_ratio: float = 4.0, cells: int = 2) -> list[tuple[int, int]]:
+    """Lumina-mGPT's resolution list (its generate_crop_size_list over 32-px patches) as (rows, cols) grids of
+    `cells` tokens a patch (2: Lumina-mGPT's 16-px tokens; 4: Lumina-mGPT 2.0's 8-px MoVQGAN tokens)."""
     num = side_patches * side_patches
     out = []
     wp, hp = num, 1
     while wp > 0:
         if max(wp, hp) / min(wp, hp) <= max_ratio:
-            out.append((hp * 2, wp * 2))
+            out.append((hp * cells, wp * cells))
         if (hp + 1) * wp <= num:
             hp += 1
         else:
@@ -152,6 +160,21 @@ class LuminaModel(TextGridModel):
     negative_prompts = False  # the unconditional stream is the image start and size tokens alone
     load_options = ("vqgan", "grid")
     pixels_per_token = 16
+    release = 1  # which Lumina-mGPT (release_of): lumina2's subclass is 2
+
+    @classmethod
+    def fits_config(cls, config: dict) -> bool:
+        """Both releases name the same architecture: the config tells them apart (families.detect_family)."""
+        return release_of(config) == cls.release
+
+    @classmethod
+    def check_folder(cls, folder) -> dict:
+        cfg = super().check_folder(folder)
+        if not cls.fits_config(cfg):
+            other, family = ("Lumina-mGPT 2.0", "lumina2") if release_of(cfg) == 2 else ("Lumina-mGPT 1", "lumina")
+            raise SSDError(f"{folder} holds a {other} model (vocab_size {cfg.get('vocab_size')}), not a {cls.name} "
+                           f"model: load it as family {family!r}")
+        return cfg
 
     @classmethod
     def listed_grids(cls):
