@@ -29,7 +29,7 @@ from .errors import SSDError, shown
 from .memory import KEEP_FULL, RESERVE_BYTES
 
 LEVELS = ("ok", "missing", "error")
-BUILT_IN = ("llama-grid", "janus", "emu3", "lumina")  # the families whose files this check knows
+BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2")  # the families whose files this check knows
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 GIB = 2**30
 WIDTH = 118  # the report's lines: one screen of a wide terminal
@@ -398,6 +398,20 @@ def _extras(folder: Path, family: str, config: dict, report: Report) -> None:
                        f"{folder}/vqgan.safetensors`; without it the pictures come out as the token grid", False)
         else:
             _vq_file(folder, Path(found), "vqgan.safetensors", report)
+    elif family == "lumina2":
+        from .pixel_decoders.movqgan import CONVERT_FIX, MoVQDecoder, find_movqgan, pickled_checkpoints
+
+        found, fix = find_movqgan(folder), CONVERT_FIX.format(folder=folder)
+        if found is None:
+            pickled = pickled_checkpoints(folder)
+            what = f"only the pickle {pickled[0].name} (never unpickled)" if pickled else "no movqgan.safetensors"
+            report.add("missing", "vq", f"{what}, Lumina-mGPT 2.0's pixel decoder: {fix}", True)
+        else:
+            try:
+                cfg = MoVQDecoder.check_file(found)
+                report.add("ok", "vq", f"movqgan.safetensors: {cfg.n_embed} codes, {cfg.factor} px a code")
+            except SSDError as err:
+                report.add("error", "vq", str(err))
     elif family == "llama-grid":
         from .families.llama_grid import folder_file, read_spec
 

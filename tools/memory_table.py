@@ -16,7 +16,8 @@ def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int
 
 
 # the released models: (family, SHAPES name); their vision / VQ parts at transformers' default (released) sizes
-RELEASED = {"Janus-Pro-1B": "janus", "Janus-Pro-7B": "janus", "Emu3-Gen": "emu3", "Lumina-mGPT-7B": "lumina"}
+RELEASED = {"Janus-Pro-1B": "janus", "Janus-Pro-7B": "janus", "Emu3-Gen": "emu3", "Lumina-mGPT-7B": "lumina",
+            "Lumina-mGPT-2.0": "lumina2"}
 
 
 def released_config(name: str):
@@ -30,7 +31,7 @@ def released_config(name: str):
         d = cfg.text_config.hidden_size
         cfg = JanusConfig(text_config=cfg.text_config.to_dict(), vision_config={"projection_dim": d},
                           vq_config={"projection_dim": d, "image_token_embed_dim": d}, tie_word_embeddings=False)
-    elif family == "lumina":
+    elif family in ("lumina", "lumina2"):
         from transformers import ChameleonConfig
 
         kw = cfg.to_dict()

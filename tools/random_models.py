@@ -49,6 +49,13 @@ SHAPES = {
                            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 65536,
                            "max_position_embeddings": 10240, "codes": 8192},
     },
+    # Lumina-mGPT 2.0: Chameleon-7B's stack (the same fork); vocab_size past its image ids 155000-171383 is not
+    # in the repo (172032 assumed), nor its config's positions (10240: generate.py's max_gen_len)
+    "lumina2": {
+        "Lumina-mGPT-2.0": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 172032,
+                            "max_position_embeddings": 10240, "codes": 16384},
+    },
 }
 
 
@@ -123,6 +130,13 @@ def random_config(family: str, shapes):
         return ChameleonConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2,
                                vocabulary_map=lumina_vocabulary(sh["vocab_size"], codes),
                                vq_config=dict(num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
+                                              num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
+    if family == "lumina2":  # image codes are ids 155000 + c: no image names in the vocabulary map
+        from transformers import ChameleonConfig
+
+        sh.pop("codes")
+        return ChameleonConfig(bos_token_id=None, pad_token_id=None, eos_token_id=151666, vocabulary_map={},
+                               vq_config=dict(num_embeddings=64, base_channels=32, channel_multiplier=[1, 1],
                                               num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
     raise KeyError(f"no random shapes for family {family!r}; known: {', '.join(SHAPES)}")
 

@@ -74,6 +74,8 @@ MODELS = {
     "Janus-Pro-1B": Shape("janus", 2048, 24, 5632, 16, 16, 102400, 16384, 576, 576, 64, 2048 * 2048, 60000),
     "Emu3-Gen": Shape("emu3", 4096, 32, 14336, 32, 8, 184622, 32768, 90 * 91, 8100, 64, 0, 5000),
     "Lumina-mGPT-7B": Shape("lumina", 4096, 32, 11008, 32, 32, 65536, 8192, 48 * 49, 2304, 64, 0, 20000),
+    # Lumina-mGPT 2.0 at its README's 768 px: 96 x 97 slots (row ends), 16,384 MoVQGAN codes; vocab assumed
+    "Lumina-mGPT-2.0": Shape("lumina2", 4096, 32, 11008, 32, 32, 172032, 16384, 96 * 97, 9216, 64, 0, 0),
 }
 
 
@@ -237,7 +239,8 @@ def run(model, cfg, settings, plan_model=None, gpu: str = "H100", counts=(1, 8),
     name, flops, bandwidth, memory_gb, _ = GPUS[gpu]
     lines += ["",
               f"ESTIMATES, not measured: {plan_model} ({shape.params / 1e9:.1f} B parameters, bf16, {shape.slots} slots, "
-              f"{streams} CFG stream(s); the paper self-distils {shape.paper_samples:,} samples) on {name}",
+              f"{streams} CFG stream(s); " + (f"the paper self-distils {shape.paper_samples:,} samples" if shape.paper_samples
+              else "not in the SSD paper") + f") on {name}",
               f"  from datasheet peaks ({flops / 1e12:.0f} TFLOP/s bf16 dense, {bandwidth / 1e12:.2f} TB/s, {memory_gb} GB) at "
               f"assumed {FLOP_SHARE:.0%} of the FLOPs, {BANDWIDTH_SHARE:.0%} of the bandwidth and a "
               f"{LAYER_FLOOR_S * 1e3:.2f} ms launch floor per layer and forward",
