@@ -148,9 +148,24 @@ def resolve_model(name):
     folder path."""
     if name in bundled("models"):
         return name
-    return _resolve(MODELS_KEY, name, True, "SSD model folder '{name}' was not found in {dirs}. Put the downloaded "
-                    "transformers-format folder (with its config.json) there, then press R in ComfyUI to refresh "
-                    "the list, or pick 'reference' (the bundled model).")
+    try:
+        return _resolve(MODELS_KEY, name, True, "SSD model folder '{name}' was not found in {dirs}. Put the "
+                        "downloaded transformers-format folder (with its config.json) there, then press R in ComfyUI "
+                        "to refresh the list, or pick 'reference' (the bundled model).")
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{err}{_released_as(name)}") from None
+
+
+def _released_as(name) -> str:
+    """' For NAME: what to download and add', when NAME is a released repo's name (a template's model), else ''."""
+    from ..ssd_core.families import FAMILIES, family_class
+
+    for family in FAMILIES:
+        cls = family_class(family)
+        if any(repo.split("/")[-1] == name for repo in cls.repo_ids):
+            top = (folder_dirs(MODELS_KEY) or [f"ComfyUI/models/{MODELS_KEY}"])[0]
+            return f" For {name}: {cls.where_to_get(os.path.join(top, name))}."
+    return ""
 
 
 def resolve_heads(name):

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import ssd_core
-from conftest import load_pack, run
+from conftest import ROOT, load_pack, run
 from released_lumina import build_lumina_released
 from released_lumina2 import MOVQ, TOKENIZER_FILES, build_lumina2_released, tiny_movqgan
 from ssd_core import cli
@@ -398,3 +398,59 @@ def test_without_movqgan_file_given_by_path_no_pixels(folder, m2):
         warnings.simplefilter("always")
         res = ssd_core.generate(m, None, prompt="a cat", decoder="ar", grid=(4, 4), score=False)
     assert res.image is None and any("convert-movqgan" in str(w.message) for w in caught)
+
+
+# ---- fitting it on users' cards, the template ------------------------------------------------------------------
+def test_memory_row_plan_and_cache_at_the_largest_grid(m2):
+    """Meta-device counts of the 7B config (tools/memory_table.py), --plan's shape, and the static cache's
+    positions at the largest listed grid (192x48: 192 rows of 48 + row end, then <eoss>)."""
+    from ssd_core import static_cache
+    from ssd_core.memory import KEEP_FULL
+    from ssd_core.training import TrainConfig, plan
+    from tools.memory_table import released_counts
+
+    c = released_counts("Lumina-mGPT-2.0")
+    assert 7.8e9 < c["params"] < 8.0e9 and c["none"] > c["8-bit"] > c["4-bit"] > c["none"] / 4
+    assert KEEP_FULL["lumina2"][0] == "lm_head"  # its image rows are sliced: kept in full precision
+    shape = plan.MODELS["Lumina-mGPT-2.0"]
+    assert shape.family == "lumina2" and shape.slots == m2.sequence_length((96, 96)) - 1
+    assert abs(shape.params - c["params"]) / c["params"] < 0.01
+    plan.check("Lumina-mGPT-2.0", "H100", "1,8")
+    one, eight = (plan.project(shape, "H100", n, TrainConfig(samples=800, epochs=1, batch_grids=16, gen_batch=8))
+                  for n in (1, 8))
+    assert 7.0 < one["generation_s"] / eight["generation_s"] <= 8.0
+    static_cache.enable(m2, "static")
+    try:
+        slots = {g: m2.layout(g).num_slots for g in m2.grid_options()}
+        assert max(slots.values()) == m2.static.slots == 192 * 49 + 1 == slots[(192, 48)]
+        assert static_cache.capacity(m2.static, 256) == 10752  # 256 + 9409 + the widest window, to 64
+    finally:
+        static_cache.enable(m2, "off")
+
+
+def test_template_and_the_loaders_error_say_what_to_download(tmp_path, monkeypatch):
+    root = json.loads((ROOT / "tests" / "workflows_api" / "SSD Lumina-mGPT 2.0 - ar vs ssd-exact.json").read_text())
+    assert [n["inputs"]["model"] for n in root.values() if n["class_type"] == "SSDLoadModel"] == ["Lumina-mGPT-2.0"]
+    assert sorted(n["inputs"]["decoder"] for n in root.values() if n["class_type"] == "SSDSampler") == \
+        ["ar", "ssd-exact"]
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        nodes.SSDLoadModel().load("Lumina-mGPT-2.0", "auto", "cpu")
+    line = str(err.value)
+    assert "\n" not in line and "download Alpha-VLLM/Lumina-mGPT-2.0" in line
+    assert "movqgan_270M.ckpt" in line and "python -m ssd_core convert-movqgan" in line
+
+
+def test_check_model_knows_the_folder_and_what_it_lacks(folder, tmp_path):
+    from ssd_core.check_model import check_folder
+
+    report = check_folder(folder)
+    assert report.family == "lumina2" and report.loadable, [f.line for f in report.blocking()]
+    assert any(f.topic == "vq" and f.level == "ok" and "16 codes, 8 px a code" in f.line for f in report.findings)
+    bare = _copy(folder, tmp_path, "bare")
+    (bare / "movqgan.safetensors").unlink()
+    (bare / "tokenizer.json").unlink()
+    (bare / "tokenizer_config.json").unlink()
+    lines = [f.line for f in check_folder(bare).blocking()]
+    assert any("convert-movqgan" in line for line in lines) and any("Alpha-VLLM/Lumina-mGPT-2.0" in line for line in lines)
