@@ -66,7 +66,8 @@ def release_generation(model, prompt: str, grid, cfg: float, image_top_k: int = 
 
     def last_logits(ids):
         with torch.no_grad():
-            return lm.lm_head(lm.model(input_ids=torch.tensor([ids])).last_hidden_state).float()[0, -1]
+            hidden = lm.model(input_ids=torch.tensor([ids])).last_hidden_state[:, -1:]  # the row generate reads
+            return lm.lm_head(hidden).float()[0, -1]
 
     while seq[-1] != 151666:  # GenerationConfig(eos_token_id=[151666])
         scores = last_logits(seq)
