@@ -155,15 +155,19 @@ class Lumina2Model(LuminaModel):
         return Layout.build(self.check_grid(grid), self.row_end_id, (self.end_id,))
 
     # ---- prompts ---------------------------------------------------------------------------------------------
-    def size_ids(self, grid) -> list[int]:
+    def require_tokenizer(self):
+        """The size tokens and the turn separator are known by name only: a model without its tokenizer makes no
+        prompt (load() refuses such a folder; this is for a model built without one)."""
         if self.tokenizer is None:
             raise SSDError(f"the Lumina-mGPT 2.0 model {self.folder or ''} has no tokenizer: download "
                            f"{' and '.join(TOKENIZER_FILES)} from {REPO} into its folder")
-        return [common.token_id(None, self.tokenizer, size_token_name(v)) for v in grid]
+        return self.tokenizer
+
+    def size_ids(self, grid) -> list[int]:
+        return [common.token_id(None, self.require_tokenizer(), size_token_name(v)) for v in grid]
 
     def check_text(self, prompt) -> str:
-        if isinstance(prompt, str) and self.tokenizer is None:
-            self.size_ids((4, 4))  # the one-line error naming the files
+        self.require_tokenizer()
         return TextGridModel.check_text(self, prompt)
 
     def prompt_text(self, prompt: str, grid) -> str:
@@ -174,8 +178,7 @@ class Lumina2Model(LuminaModel):
         if negative_prompt:
             raise SSDError("Lumina-mGPT 2.0 takes no negative prompt (its unconditional stream is the image start "
                            "and size tokens alone): clear it")
-        if self.turn_end_id is None:
-            self.size_ids((4, 4))
+        self.require_tokenizer()
         return super().build_prompt(prompt, "", cfg, grid)
 
     # ---- pixels ----------------------------------------------------------------------------------------------

@@ -252,7 +252,7 @@ def infer_config(state: dict, resolution: int = 256) -> MoVQConfig:
     return MoVQConfig(n_embed=int(n_embed), embed_dim=int(embed_dim), z_channels=int(z_channels), ch=widths[0],
                       out_ch=int(out_ch), ch_mult=[w // widths[0] for w in widths], num_res_blocks=blocks - 1,
                       resolution=resolution, attn_resolutions=attn,
-                      add_conv="decoder.conv_in.weight" in state and "decoder.norm_out.conv.weight" in state)
+                      add_conv="decoder.norm_out.conv.weight" in state)
 
 
 def find_movqgan(folder) -> str | None:
