@@ -51,3 +51,12 @@ def test_a_size_of_another_model_is_refused_naming_the_users_model(choice, famil
     with pytest.raises(SSDError) as err:
         grids.parse(choice, family, name)
     assert says in str(err.value) and "llama-grid" not in str(err.value)
+
+
+def test_lumina2_lists_one_size_per_aspect_of_its_768px_list():
+    lumina2 = pack_module("ssd_core.families.lumina2")
+    listed = lumina2.Lumina2Model.listed_grids()
+    every = lumina2.crop_size_grids(lumina2.UPSTREAM_SIDE // lumina2.CELLS_PER_SIZE, cells=lumina2.CELLS_PER_SIZE)
+    side = lumina2.UPSTREAM_SIDE
+    assert listed[0] == (side, side) and len(listed) == len(emu3.RATIOS) and set(listed) <= set(every)
+    assert len(every) > 3 * len(listed)  # the release's list is long; the sampler shows one size an aspect

@@ -64,9 +64,8 @@ class Lumina2Model(LuminaModel):
 
     @classmethod
     def listed_grids(cls):
-        square = (UPSTREAM_SIDE, UPSTREAM_SIDE)
-        return [square] + [g for g in crop_size_grids(UPSTREAM_SIDE // CELLS_PER_SIZE, cells=CELLS_PER_SIZE)
-                           if g != square]
+        # the size nearest each listed aspect of its resolution list, the square first
+        return common.nearest_ratios(crop_size_grids(UPSTREAM_SIDE // CELLS_PER_SIZE, cells=CELLS_PER_SIZE))
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, folder: Path | None = None, movqgan=None,
                  grid=None):
