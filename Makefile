@@ -34,17 +34,12 @@ bench-sizes: install
 bench-gpu: install
 	$(PY) -m tools.bench_gpu --json bench_gpu.json
 
-# TEST_WORKERS: pytest workers (each test file runs on one worker, so its fixtures load once). 0 (CI's) runs the
-# suite in one process: ~15 minutes on 2 cores; TEST_WORKERS=2 takes ~10. test-fast uses FAST_WORKERS.
-TEST_WORKERS ?= 0
+# TEST_WORKERS: pytest workers (each test file runs on one worker, so its fixtures load once): 2, one a core, take
+# ~10 minutes on 2 cores; 0 runs the suite in one process (~15). test-fast uses FAST_WORKERS.
+TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
-# tests/test_released_janus_emu3.py runs in a process of its own: its greedy comparisons need the two prompts to
-# give two images, which on its tiny random models holds alone but has failed twice after the rest of the suite
-# (an order dependence not yet found; see tests/README.md)
-ISOLATED := tests/test_released_janus_emu3.py
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=$(ISOLATED) tests
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ISOLATED)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 	node --test tests/js/
 
 # the fast tier (about 2 minutes on 2 cores): ssd-exact == ar and every decoder on tiny models, the families and

@@ -234,7 +234,7 @@ def emu3_vocab() -> tuple[dict, list[str]]:
     Emu3Tokenizer.__init__), then `<image>` (the HF processor's image placeholder, not embedded)."""
     from tokenizers import pre_tokenizers
 
-    vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}  # a HashSet: sorted
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + EMU3_EXTRAS + EMU3_IMAGE_MARKS + \
         [f"<|visual token {i:06d}|>" for i in range(CODES)] + ["<image>"]
     for s in specials:

@@ -174,12 +174,14 @@ class GumbelReplay:
 
 
 def sharpened(folder, janus):
-    """The release loaded fp32 with sharper image logits than the random init, so that the tokens vary."""
+    """The release loaded fp32 with sharper image logits than the random init, so that the tokens vary, and for
+    Janus (whose text and image embeddings are separate tables) a louder prompt, so that the image depends on it."""
     m = load(folder)
     with torch.no_grad():
         (m.model.model.generation_head.vision_head.weight if janus else m.model.lm_head.weight).mul_(20)
         if janus:
             m.model.model.generation_embeddings.weight.mul_(20)
+            m.model.get_input_embeddings().weight.mul_(3)
     return m
 
 

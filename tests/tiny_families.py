@@ -39,7 +39,7 @@ def byte_tokenizer(specials: list[str], plain: list[str] = (), bos: str | None =
     vocab: dict[str, int] = {}
     for name in list(specials) + list(plain):
         vocab.setdefault(name, len(vocab))
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):  # a Rust HashSet: its order changes per process
         vocab.setdefault(ch, len(vocab))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -168,7 +168,7 @@ def _lumina_tokenizer(specials, images, lumina):
     vocab: dict[str, int] = {}
     for name in specials + images + lumina:
         vocab.setdefault(name, len(vocab))
-    for ch in pre_tokenizers.ByteLevel.alphabet():
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):  # a Rust HashSet: its order changes per process
         vocab.setdefault(ch, len(vocab))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
