@@ -270,4 +270,6 @@ def _outputs(results, dtype, progress):
 
 
 def _jpeg(img):
-    return None if img is None else ("JPEG", img, 512)
+    """ComfyUI's preview tuple: its max size is the image's own (ComfyUI scales a preview to fit max size, up
+    as well as down: 512 would show a 96 x 96 picture blurred and labelled 512 x 512)."""
+    return None if img is None else ("JPEG", img, max(img.size))

@@ -8,6 +8,7 @@ SSD_COMFYUI_PYTHON defaults to the interpreter running pytest; it needs ComfyUI'
 `requests` and `websocket-client`. SSD_COMFYUI_PACK (optional) loads another copy of the pack.
 """
 
+import io
 import json
 import os
 import shutil
@@ -169,7 +170,7 @@ class ComfyServer:
                         continue
                     raise
                 if isinstance(raw, bytes):
-                    msgs.append({"type": "binary", "data": raw[:8]})
+                    msgs.append({"type": "binary", "data": raw})
                     continue
                 msg = json.loads(raw)
                 data = msg.get("data") or {}
@@ -323,7 +324,8 @@ def test_reference_workflow_runs(server):
     assert any(e["done"] is False for e in grid_events) and any(e["done"] is True for e in grid_events)
     progress = [m["data"] for m in msgs if m["type"] == "progress" and m["data"].get("node") in ("3", "4", "5")]
     assert progress and progress[-1]["value"] == progress[-1]["max"]
-    assert any(m["type"] == "binary" for m in msgs), "no preview image was sent"
+    previews = [m["data"] for m in msgs if m["type"] == "binary" and b"\xff\xd8\xff" in m["data"]]
+    assert previews, "no preview image was sent"
 
     h = server.history(pid)
     assert h["status"]["status_str"] == "success"
@@ -333,6 +335,13 @@ def test_reference_workflow_runs(server):
         H, W = tr["grid"]
         assert len(tr["status"]) == H * W and tr["done"] is True and tr["steps"] > 0
     assert [out[n]["ssd_trace"][0]["decoder"] for n in ("3", "4", "5")] == ["ar", "ssd-exact", "ssd"]
+    # the live preview shows the picture at its real size (ComfyUI fits a preview to the size the node gives)
+    from PIL import Image
+
+    saved = out["6"]["images"][0]
+    picture = Image.open(io.BytesIO(server.get("/view", params=saved).content)).size
+    shown = {Image.open(io.BytesIO(raw[raw.index(b"\xff\xd8\xff"):])).size for raw in previews}
+    assert shown == {picture}, f"previews {shown} for a {picture} picture"
     for nid in ("4", "5"):
         assert out[nid]["ssd_trace"][0]["steps"] < out["3"]["ssd_trace"][0]["steps"]
     assert "2" in out["5"]["ssd_trace"][0]["status"], "no accepted draft in the ssd run"

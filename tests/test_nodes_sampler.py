@@ -157,9 +157,9 @@ def test_progress_previews_and_live_events(ref_model, fake_comfy, monkeypatch):
     assert all(t == H * W for _, t in fake_comfy.progress)
     assert fake_comfy.previews, "no preview image"
     kind, img, size = fake_comfy.previews[-1]
-    assert kind == "JPEG" and size == 512
     final_img = out["result"][0]
     assert img.size == (final_img.shape[2], final_img.shape[1])
+    assert kind == "JPEG" and size == max(img.size)  # ComfyUI fits a preview to `size`: it shows the real size
     grid_events = [d for e, d, sid in fake_comfy.events if e == "ssd.grid"]
     assert all(sid == "client-1" for _, _, sid in fake_comfy.events)
     assert len(grid_events) >= 2 and all(d["node"] == "12" for d in grid_events)
