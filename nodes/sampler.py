@@ -97,15 +97,17 @@ class SSDSampler(io.ComfyNode):
                                 tooltip="what to draw; the bundled reference model takes a class name (such as face) or its number"),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
                 io.Float.Input("cfg", default=AUTO, min=AUTO, max=100.0, step=0.1, round=0.01,
-                               tooltip="how strongly the picture follows the prompt (classifier-free guidance); -1 = the model's default"),
+                               tooltip="how strongly the picture follows the prompt (classifier-free guidance); -1 (shown as auto) = "
+                                       "the model's default"),
                 io.Float.Input("temperature", default=AUTO, min=AUTO, max=10.0, step=0.05, round=0.01,
-                               tooltip="how adventurous each token choice is: lower = safer; 0 = always the most likely token; -1 = the "
-                                       "model's default"),
+                               tooltip="how adventurous each token choice is: lower = safer; 0 = always the most likely token; -1 (shown as "
+                                       "auto) = the model's default"),
                 io.Int.Input("top_k", default=AUTO, min=AUTO, max=1 << 20,
-                             tooltip="pick only among the k most likely tokens; 0 = no limit; -1 = the model's default"),
+                             tooltip="pick only among the k most likely tokens; 0 = no limit; -1 (shown as auto) = the "
+                                     "model's default"),
                 io.Float.Input("top_p", default=AUTO, min=AUTO, max=1.0, step=0.01, round=0.001,
                                tooltip="pick only among the most likely tokens making up this share of the probability; 1 = no limit; "
-                                       "-1 = the model's default"),
+                                       "-1 (shown as auto) = the model's default"),
                 io.Combo.Input("decoder", options=list(ssd_core.DECODERS), default="ssd-exact",
                                tooltip="ssd-exact = plain ar's picture in fewer steps (in float32 1,407 of 1,410 tests "
                                        "equal; the stats name any near-tie that may change it); ssd = faster still, "
@@ -113,8 +115,8 @@ class SSDSampler(io.ComfyNode):
                                        "zipar = other methods, for comparison"),
                 io.Int.Input("draft_rows", default=DRAFT_ROWS.default, min=DRAFT_ROWS.low, max=DRAFT_ROWS.high,
                              tooltip="rows guessed ahead and checked together (ssd, ssd-exact): more = fewer steps "
-                                     "when the guesses are good, more work per step; 0 = the decoder's default "
-                                     "(ssd 1; ssd-exact: what is fastest on your device, measured once a model: "
+                                     "when the guesses are good, more work per step; 0 (shown as auto) = the decoder's "
+                                     "default (ssd 1; ssd-exact: what is fastest on your device, measured once a model: "
                                      "the picture is the same either way)"),
                 io.Int.Input("verify_rounds", default=VERIFY_ROUNDS.default, min=VERIFY_ROUNDS.low,
                              max=VERIFY_ROUNDS.high,
@@ -132,7 +134,7 @@ class SSDSampler(io.ComfyNode):
                                      "batch costs far less than the images one by one"),
                 io.Float.Input("min_p", default=AUTO, min=AUTO, max=0.99, step=0.005, round=0.0001, optional=True,
                                tooltip="leave out tokens far less likely than the best one (0.01 = under 1% of its "
-                                       "probability); 0 = off; -1 = the model's default"),
+                                       "probability); 0 = off; -1 (shown as auto) = the model's default"),
                 io.Boolean.Input("official_suffix", default=True, optional=True,
                                  tooltip="Emu3 only: append ' masterpiece, film grained, best quality.' to the prompt, "
                                          "as BAAI's own script does (an empty negative prompt is its official one); "

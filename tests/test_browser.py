@@ -200,6 +200,15 @@ def test_no_console_warning_from_the_pack(browser_run):
     assert browser_run["packLogged"] == [], browser_run["packLogged"]
 
 
+def test_the_model_default_values_read_auto(browser_run):
+    """cfg -1 and draft_rows 0 (the template's) are drawn as "auto"; a set value shows as its number; the saved
+    widget values keep the numbers."""
+    auto = browser_run["autoWidgets"]
+    assert auto["cfg"] == {"value": -1, "shown": "auto"} and auto["draft_rows"]["shown"] == "auto", auto
+    assert auto["cfgSet"]["value"] == 2.5 and auto["cfgSet"]["shown"].startswith("2.5"), auto
+    assert auto["seed"]["shown"] != "auto" and -1 in auto["saved"], auto
+
+
 def test_the_widget_is_made_when_the_node_has_no_widgets_array(browser_run):
     assert browser_run["noWidgets"] == {"error": None, "widgets": 1, "api": True}
 

@@ -4,6 +4,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import {
   draw, cellAt, normalizeTrace, hoverText, mergeBatch, batchFromOutput, selectedTrace, selectImage, batchLabel,
+  autoText, AUTO_VALUES,
 } from "./ssd_grid_core.js";
 
 const NODE_TYPE = "SSDSampler";
@@ -42,6 +43,31 @@ function saveWorkflowState() {
     else tracker?.checkState?.();
   } catch (e) {
     console.debug("ssd grid: could not record the trace in the workflow", e);
+  }
+}
+
+// Where a prototype (a LiteGraph widget class, frontend >= 1.16) defines the getter `name`, or null.
+function getterOf(object, name) {
+  for (let p = Object.getPrototypeOf(object); p; p = Object.getPrototypeOf(p)) {
+    const d = Object.getOwnPropertyDescriptor(p, name);
+    if (d) return typeof d.get === "function" ? d.get : null;
+  }
+  return null;
+}
+
+// The canvas draws a widget's _displayValue: the sampler's "model default" values read "auto" there, the value
+// itself (saved in the workflow, sent to the server) stays the number. A frontend without the getter (or the
+// Vue node renderer, which draws its own inputs) shows the number.
+function showAuto(node) {
+  for (const w of node.widgets ?? []) {
+    const text = getterOf(w, "_displayValue");
+    if (!text || !Object.hasOwn(AUTO_VALUES, w.name)) continue;
+    Object.defineProperty(w, "_displayValue", {
+      configurable: true,
+      get() {
+        return (!this.computedDisabled && autoText(this.name, this.value)) || text.call(this);
+      },
+    });
   }
 }
 
@@ -171,6 +197,7 @@ app.registerExtension({
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
       addGridWidget(this); // node.widgets may not exist yet: addDOMWidget makes it
+      showAuto(this);
       const [w, h] = this.size ?? [0, 0];
       this.setSize?.([Math.max(w ?? 0, 380), Math.max(h ?? 0, 700)]);
       return r;

@@ -287,3 +287,13 @@ export function batchLabel(batch) {
   const seed = t?.seed !== undefined && t?.seed !== null ? ` · seed ${t.seed}` : "";
   return `image ${batch.index + 1} of ${batch.traces.length}${seed}`;
 }
+
+// The sampler's widgets whose value means "decided for you": -1 = the model's default (cfg, temperature, top_k,
+// top_p, min_p), 0 draft rows = picked for the device. The canvas shows these values as "auto"; the workflow
+// keeps the number (nodes/sampler.py AUTO and DRAFT_ROWS.default; a test checks the two agree).
+export const AUTO_VALUES = Object.freeze({ cfg: -1, temperature: -1, top_k: -1, top_p: -1, min_p: -1, draft_rows: 0 });
+
+// "auto" when a widget's value is its auto value, else null (the frontend's own text stays).
+export function autoText(name, value) {
+  return Object.hasOwn(AUTO_VALUES, name) && Number(value) === AUTO_VALUES[name] ? "auto" : null;
+}

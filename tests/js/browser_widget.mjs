@@ -281,6 +281,24 @@ try {
     return { error, widgets: ws.length, api: Boolean(ws[0]?.ssd) };
   });
 
+  step("auto widgets");
+  // the sampler's "model default" values read auto on the canvas; the workflow keeps the numbers
+  result.autoWidgets = await page.evaluate(() => {
+    const node = window.app.graph.getNodeById(3);
+    const read = (name) => {
+      const w = node.widgets.find((x) => x.name === name);
+      return { value: w?.value ?? null, shown: w?._displayValue ?? null };
+    };
+    const out = { cfg: read("cfg"), draft_rows: read("draft_rows"), seed: read("seed") };
+    const cfg = node.widgets.find((x) => x.name === "cfg");
+    const old = cfg.value;
+    cfg.value = 2.5;
+    out.cfgSet = read("cfg");
+    cfg.value = old;
+    out.saved = node.serialize().widgets_values.slice(0, 8);
+    return out;
+  });
+
   step("copy and paste");
   result.paste = await page.evaluate(() => {
     const { app } = window;

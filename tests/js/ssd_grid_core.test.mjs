@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import {
   STATUS_NAMES, PALETTE, BACKGROUND, LEGEND_HEIGHT, statusColor, normalizeTrace, countStatuses, layout,
   cellAt, hoverText, legendLines, legendSwatches, mergeTrace, draw, mergeBatch, batchFromOutput, selectedTrace,
-  selectImage, batchLabel,
+  selectImage, batchLabel, autoText, AUTO_VALUES,
 } from "../../web/ssd_grid_core.js";
 
 // 2 x 3 grid: ar accepted corrected / forced accepted pending
@@ -185,4 +185,15 @@ test("a batch keeps one trace per image and shows the selected one", () => {
   // what is not an image of this batch changes nothing
   assert.equal(mergeBatch(b, { ...compact, image: 5, images: 3 }), b);
   assert.equal(mergeBatch(b, null), b);
+});
+
+test("autoText: the sampler's default values read auto, others keep their number", () => {
+  assert.equal(autoText("cfg", -1), "auto");
+  assert.equal(autoText("top_k", "-1"), "auto");
+  assert.equal(autoText("draft_rows", 0), "auto");
+  assert.equal(autoText("cfg", 0), null); // cfg 0 is a real value (no guidance)
+  assert.equal(autoText("draft_rows", 2), null);
+  assert.equal(autoText("temperature", 1), null);
+  assert.equal(autoText("seed", -1), null); // not an auto widget
+  assert.ok(Object.isFrozen(AUTO_VALUES));
 });
