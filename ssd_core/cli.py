@@ -1,4 +1,4 @@
-"""Command line: generate, train-heads, bench, convert-vqgan, convert-movqgan, check-model."""
+"""Command line: generate, train-heads, bench, convert-vqgan, convert-movqgan, convert-ibq, check-model."""
 from __future__ import annotations
 
 import argparse
@@ -216,6 +216,21 @@ def cmd_convert_movqgan(args) -> int:
     return 0
 
 
+def cmd_convert_ibq(args) -> int:
+    """Emu3.5's BAAI/Emu3.5-VisionTokenizer model.ckpt + config.yaml -> ibq.safetensors (pixel_decoders/ibq.py)."""
+    from .pixel_decoders.convert_vqgan import ConversionError
+    from .pixel_decoders.ibq import convert
+
+    try:
+        cfg = convert(args.src, args.config, args.dst)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.dst}: {cfg.n_embed} codes, embed_dim {cfg.embed_dim}, ch {cfg.ch}, ch_mult {cfg.ch_mult}, "
+          f"f={cfg.factor}")
+    return 0
+
+
 def cmd_check_model(args) -> int:
     """The folder's report on stdout (JSON with --json); exit 2 with one error line when a finding blocks loading."""
     from .check_model import check_folder, format_report, key_findings
@@ -296,6 +311,12 @@ def _convert_parser(sub) -> None:
     m.add_argument("src")
     m.add_argument("dst")
     m.set_defaults(func=cmd_convert_movqgan)
+    i = sub.add_parser("convert-ibq", help="Emu3.5's BAAI/Emu3.5-VisionTokenizer model.ckpt + config.yaml -> "
+                       "ibq.safetensors")
+    i.add_argument("src", help="model.ckpt (read with weights_only=True)")
+    i.add_argument("config", help="config.yaml beside it")
+    i.add_argument("dst", help="<Emu3.5 folder>/ibq.safetensors")
+    i.set_defaults(func=cmd_convert_ibq)
 
 
 def _check_model_parser(sub) -> None:
@@ -311,7 +332,7 @@ def main(argv=None) -> int:
     start = len(WRITTEN)
     try:
         args = build_parser().parse_args(argv)
-        if args.command not in ("convert-vqgan", "convert-movqgan", "check-model"):
+        if args.command not in ("convert-vqgan", "convert-movqgan", "convert-ibq", "check-model"):
             validate(args)
         return args.func(args)
     except SSDError as err:
