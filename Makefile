@@ -57,7 +57,7 @@ test-fast: install
 # (`pytestmark = pytest.mark.engine457`; the marker is declared in pyproject.toml)
 test-engine-457:
 	$(PYTHON) -m venv .venv457
-	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis pytest-xdist==3.8.0
+	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis pytest-xdist==3.8.0 tiktoken==0.14.0
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m engine457 tests
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES

@@ -30,15 +30,18 @@ class Layout:
         return int(self.slot_of_cell[W]) if H > 1 else W
 
     @staticmethod
-    def build(grid: tuple[int, int], row_end: int | None = None, tail: list[int] | tuple[int, ...] = ()) -> "Layout":
+    def build(grid: tuple[int, int], row_end: int | None = None, tail: list[int] | tuple[int, ...] = (),
+              last_row_end: bool = True) -> "Layout":
+        """H rows of W cells, each row followed by `row_end` (the last row too unless last_row_end is False:
+        Emu3.5 ends its last row with the image end instead), then the forced `tail`."""
         H, W = grid
         forced: list[int] = []
         slot_of_cell: list[int] = []
-        for _ in range(H):
+        for y in range(H):
             for _ in range(W):
                 slot_of_cell.append(len(forced))
                 forced.append(-1)
-            if row_end is not None:
+            if row_end is not None and (last_row_end or y < H - 1):
                 forced.append(int(row_end))
         forced.extend(int(t) for t in tail)
         forced_t = torch.tensor(forced, dtype=torch.long)

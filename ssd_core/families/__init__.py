@@ -18,6 +18,7 @@ FAMILIES = {
     "emu3": (".emu3", "Emu3Model"),
     "lumina": (".lumina", "LuminaModel"),
     "lumina2": (".lumina2", "Lumina2Model"),
+    "emu3.5": (".emu35", "Emu35Model"),
 }
 
 

@@ -1,0 +1,358 @@
+"""Emu3.5-Image (`emu3.5`) on a tiny random folder in the released layout (tests/released_emu35.py).
+
+Re-created here from the release's code (baaivision/Emu3.5 at 8fcf1da) and compared with the pack:
+- the decoder (src/emu3p5/modeling_emu3.py: Emu3RMSNorm, Emu3RotaryEmbedding, apply_rotary_pos_emb, repeat_kv,
+  Emu3Attention with q_norm / k_norm, Emu3MLP, Emu3DecoderLayer, Emu3Model, Emu3ForCausalLM), eager, no cache;
+- its T2I generation: configs/example_config_t2i.py (template, unc_prompt, cfg, sampling_params), inference.py
+  (BOS check, tokenizer.encode without special tokens), src/utils/logits_processor.py
+  (UnbatchedClassifierFreeGuidanceLogitsForVisualTokenWithDifferentialTopKProcessor: the forced h*w and image
+  token, log-softmax CFG on the unconditional stream, the row-end / image-end rule, visual ids from BOV, image
+  top-k, temperature) and transformers' sampling (GenerationConfig top_k 131072);
+- its tokenizer (src/tokenizer_emu3_ibq/tokenization_emu3.py) through tiktoken itself.
+"""
+import json
+import math
+import shutil
+import unicodedata
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ssd_core
+from conftest import load_pack, run
+from released_emu35 import FIRST_VISUAL, build_emu35_released, tiktoken_ranks
+from ssd_core import cli
+from ssd_core.families.emu35 import Emu35Model
+from ssd_core.families.emu35_tokenizer import PAT_STR, Emu35Tokenizer
+from ssd_core.sampling import gumbel
+from tiny_families import build_emu3, check_cfg_matches_unbatched, check_every_decoder
+
+pytestmark = pytest.mark.engine457  # no 5.x-only API: also run under transformers 4.57 (make test-engine-457)
+
+GRID = (4, 6)  # rows != columns
+BOS, EOS, IMG, BOI, EOI, EOL = 151849, 151850, 151851, 151852, 151853, 151846  # logits_processor.py
+BOV = 151854
+T2I = "<|extra_203|>You are a helpful assistant for t2i task. USER: {question} ASSISTANT: <|extra_100|>"
+UNC = "<|extra_203|>You are a helpful assistant. USER:  ASSISTANT: <|extra_100|>"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_emu35_released(tmp_path_factory.mktemp("ssd_models") / "Emu3.5-Image")
+
+
+@pytest.fixture(scope="module")
+def m35(folder):
+    return ssd_core.load_model(folder, dtype="fp32")
+
+
+# ---- the release's decoder, re-created from src/emu3p5/modeling_emu3.py ----------------------------------------
+class ReleaseEmu35:
+    """Emu3ForCausalLM's forward (eager attention, no cache, fp32) over the folder's safetensors."""
+
+    def __init__(self, folder):
+        self.cfg = json.loads((folder / "config.json").read_text())
+        self.w = {}
+        for shard in sorted(folder.glob("model-*.safetensors")):
+            self.w.update(load_file(str(shard)))
+
+    def rms(self, x, weight, eps):  # Emu3RMSNorm
+        input_dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + eps)
+        return weight * x.to(input_dtype)
+
+    def rotary(self, seq_len, dim, base):  # Emu3RotaryEmbedding._set_cos_sin_cache
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+        t = torch.arange(seq_len, dtype=inv_freq.dtype)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """The last position's logits [vocab]."""
+        c, w = self.cfg, self.w
+        eps, heads, kv, hd = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        n = len(ids)
+        h = w["model.embed_tokens.weight"][torch.tensor([ids])]
+        cos, sin = self.rotary(n, hd, c["rope_theta"])
+        position_ids = torch.arange(n)[None]
+        mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+        for i in range(c["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            residual = h
+            x = self.rms(h, w[p + "input_layernorm.weight"], eps)
+            q = (x @ w[p + "self_attn.q_proj.weight"].T).view(1, n, heads, hd)
+            k = (x @ w[p + "self_attn.k_proj.weight"].T).view(1, n, kv, hd)
+            v = (x @ w[p + "self_attn.v_proj.weight"].T).view(1, n, kv, hd).transpose(1, 2)
+            q = self.rms(q, w[p + "self_attn.q_norm.weight"], eps).transpose(1, 2)  # q_norm before RoPE
+            k = self.rms(k, w[p + "self_attn.k_norm.weight"], eps).transpose(1, 2)
+            cq, sq = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
+            q, k = q * cq + self.rotate_half(q) * sq, k * cq + self.rotate_half(k) * sq
+            k = k[:, :, None].expand(1, kv, heads // kv, n, hd).reshape(1, heads, n, hd)  # repeat_kv
+            v = v[:, :, None].expand(1, kv, heads // kv, n, hd).reshape(1, heads, n, hd)
+            att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd) + mask
+            att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(att, v).transpose(1, 2).reshape(1, n, -1)
+            h = residual + out @ w[p + "self_attn.o_proj.weight"].T
+            residual = h
+            x = self.rms(h, w[p + "post_attention_layernorm.weight"], eps)
+            x = (torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T))
+            h = residual + x @ w[p + "mlp.down_proj.weight"].T
+        h = self.rms(h, w["model.norm.weight"], eps)
+        return (h @ w["lm_head.weight"].T)[0, -1].float()
+
+
+@pytest.fixture(scope="module")
+def release(folder):
+    return ReleaseEmu35(folder)
+
+
+def test_the_decoder_computes_what_the_release_computes(m35, release):
+    ids = m35.build_prompt("a red cat", "", False, GRID).ids[0].tolist() + [BOV + 3, BOV + 7, EOL, BOV + 1]
+    with torch.no_grad():
+        ours = m35.model(input_ids=torch.tensor([ids])).logits[0, -1]
+    assert torch.allclose(ours, release.logits(ids), atol=2e-5, rtol=1e-5)
+    assert type(m35.model).__name__ == "Emu35ForCausalLM"  # transformers' Qwen3 layers under the released names
+
+
+# ---- the release's T2I generation, re-created ----------------------------------------------------------------------
+def release_generation(release, tok, prompt: str, grid, cfg: float, image_top_k: int = 5120, temperature=1.0,
+                       noise=None) -> list[int]:
+    """inference.py + generation_utils.generate with the t2i config's logits processor, as a plain loop: greedy,
+    or with `noise` (slot -> [vocab] Gumbel) replacing transformers' multinomial (argmax(scores + g) samples
+    softmax(scores)). The model writes the image start itself in the release; here it is given, as the pack forces
+    it. Returns the tokens after the image token up to the image end."""
+    h, w = grid
+    input_ids = tok.encode(T2I.format(question=prompt))
+    if input_ids[0] != BOS:
+        input_ids = [BOS] + input_ids
+    unconditional = tok.encode(UNC)
+    seq = input_ids + [BOI]
+    unc = unconditional  # update_unconditional_context appends each token from the image start on
+    hw_tokens = tok.encode(f"{h}*{w}")
+    while seq[-1] != EOI:
+        scores = release.logits(seq)
+        unc = unc + [seq[-1]]
+        unc_scores = release.logits(unc)  # get_unconditional_logits: on every step in the image
+        boi_idx = max(i for i, t in enumerate(seq) if t == BOI)
+        in_visual = IMG in seq[boi_idx:]
+        mask = torch.full_like(scores, -math.inf)
+        if not in_visual:  # the h*w tokens and the image token: forced
+            hw_idx = len(seq) - boi_idx
+            mask[hw_tokens[hw_idx - 1] if hw_idx <= len(hw_tokens) else IMG] = 0
+            scores = scores + mask
+        else:
+            img_idx = max(i for i, t in enumerate(seq) if t == IMG)
+            vis_idx = len(seq) - img_idx
+            if seq[-1] != IMG and vis_idx == h * (w + 1):
+                mask[EOI] = 0
+                scores = scores + mask
+            elif seq[-1] != IMG and vis_idx % (w + 1) == 0:
+                mask[EOL] = 0
+                scores = scores + mask
+            else:  # apply_cfg "no_text": on log-probs, then only visual tokens
+                s = torch.log_softmax(scores, dim=-1)
+                u = torch.log_softmax(unc_scores, dim=-1)
+                scores = cfg * (s - u) + u
+                mask[BOV:] = 0
+                scores = scores + mask
+                if temperature != 1.0:  # apply_differential_topk (image)
+                    scores = scores / temperature
+                k = min(image_top_k, scores.numel())
+                scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], -math.inf)
+                if noise is not None:
+                    scores = scores + noise(vis_idx - 1 - (vis_idx - 1) // (w + 1))
+        k = min(131072, scores.numel())  # GenerationConfig top_k=131072 (TopKLogitsWarper)
+        scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], -math.inf)
+        seq.append(int(scores.argmax()))
+    start = max(i for i, t in enumerate(seq) if t == IMG) + 1
+    return seq[start:]
+
+
+def release_codes(official: list[int], grid) -> list[int]:
+    """decode_image: the visual tokens of each row (rows split at <|extra_200|>), minus BOV."""
+    H, W = grid
+    assert len(official) == H * (W + 1) and official[-1] == EOI
+    assert [official[y * (W + 1) + W] for y in range(H - 1)] == [EOL] * (H - 1)
+    return [t - BOV for t in official if t not in (EOL, EOI)]
+
+
+def replayed_noise(model, seed: int):
+    """cell -> [vocab]: the pack's Gumbel noise g(seed, slot) of that cell over the image codes, 0 elsewhere."""
+    layout = model.layout(GRID)
+
+    def at(cell: int) -> torch.Tensor:
+        slot = int(layout.slot_of_cell[cell])
+        g = gumbel(seed, torch.tensor([slot]), model.image_vocab_size)[0]
+        return torch.zeros(model.model.lm_head.out_features).index_copy_(0, model.image_ids, g)
+    return at
+
+
+@pytest.mark.parametrize("cfg", [5.0, 1.0])
+@pytest.mark.parametrize("prompt", ["a red cat", "A lively comic-style illustration of two dogs, \"Relax!\" 日本"])
+def test_greedy_ar_equals_the_release_generation(m35, release, prompt, cfg):
+    res = ssd_core.generate(m35, None, prompt=prompt, decoder="ar", temperature=0, cfg=cfg, grid=GRID, score=False,
+                            decode_pixels=False)
+    official = release_generation(release, m35.tokenizer, prompt, GRID, cfg)
+    assert res.tokens.flatten().tolist() == release_codes(official, GRID)
+
+
+def test_sampled_ar_equals_the_release_sampler_with_the_pack_noise(m35, release):
+    prompt, seed, k = "a red cat", 7, 5  # image top-k 5 of the 16 codes (5120 of 131,072 upstream)
+    ours = ssd_core.generate(m35, None, prompt=prompt, decoder="ar", seed=seed, cfg=5.0, top_k=k, temperature=1.0,
+                             grid=GRID, score=False, decode_pixels=False).tokens.flatten().tolist()
+    official = release_generation(release, m35.tokenizer, prompt, GRID, 5.0, k, noise=replayed_noise(m35, seed))
+    assert ours == release_codes(official, GRID)
+    other = release_generation(release, m35.tokenizer, prompt, GRID, 5.0, k, noise=replayed_noise(m35, seed + 1))
+    assert release_codes(other, GRID) != ours  # the comparison sees the seed
+
+
+# ---- the tokenizer ----------------------------------------------------------------------------------------------
+def test_tokenizer_encodes_as_tiktoken(folder):
+    tiktoken = pytest.importorskip("tiktoken")  # requirements-dev.txt pins it: CI runs this
+    ours = Emu35Tokenizer.from_folder(folder)
+    enc = tiktoken.Encoding("Emu3", pat_str=PAT_STR, mergeable_ranks=tiktoken_ranks(), special_tokens=ours.special_ids)
+    texts = [T2I.format(question="a red cat assistant"), UNC, "<|image start|>64*64<|image token|>", "55*73",
+             "café naïve Å 日本語 🐱\n\n\ttabs  and   spaces <|notspecial|> <|visual token 000003|> it's WE'LL",
+             "the cat is red, you asked: ‘ring’ — red-eds"]
+    gen = torch.Generator().manual_seed(0)
+    alphabet = "abcdertyouisn ACR 0123456789.,;:'\"!?*<|>\n\t-_é日🐱"
+    texts += ["".join(alphabet[i] for i in torch.randint(len(alphabet), (int(n),), generator=gen))
+              for n in torch.randint(1, 60, (200,), generator=gen)]
+    for t in texts:
+        assert ours.encode(t) == enc.encode(unicodedata.normalize("NFC", t), allowed_special="all"), t
+    assert ours.decode(ours.encode(texts[4])) == unicodedata.normalize("NFC", texts[4])
+    assert ours.convert_tokens_to_ids(["<|extra_203|>", "<|image start|>", "<|visual token 000000|>"]) == \
+        [BOS, BOI, BOV]
+    assert ours.encode("<|image start|>64*64<|image token|>")[1:-1] == [tiktoken_ranks()[c.encode()] for c in "64*64"]
+
+
+# ---- the adapter ---------------------------------------------------------------------------------------------------
+def test_release_facts(m35):
+    assert isinstance(m35, Emu35Model) and m35.family == "emu3.5"
+    assert m35.defaults == {"cfg": 5.0, "temperature": 1.0, "top_k": 5120, "top_p": 1.0, "min_p": 0.0}
+    assert m35.default_grid == (64, 64)  # image_area 1048576 at 16 px a token, "1:1": "64*64"
+    assert (55, 73) in m35.grid_options() and (73, 55) in m35.grid_options()
+    assert m35.image_vocab_size == 16 and m35.image_ids.tolist() == list(range(BOV, BOV + 16))
+    x = torch.randn(3, m35.hidden_size)
+    assert torch.allclose(m35.head_logits(x), m35.model.lm_head(x)[:, BOV:BOV + 16], atol=1e-5)
+    p = m35.build_prompt("a cat", "", True, (8, 12))
+    tok = m35.tokenizer
+    assert tok.decode(p.ids[0][p.mask[0]].tolist()) == T2I.format(question="a cat") + \
+        "<|image start|>8*12<|image token|>"
+    assert tok.decode(p.ids[1][p.mask[1]].tolist()) == UNC + "<|image start|>8*12<|image token|>"
+    neg = m35.build_prompt("a cat", "blurry", True, (8, 12))
+    assert tok.decode(neg.ids[1][neg.mask[1]].tolist()).startswith(UNC.replace("USER:  ", "USER: blurry "))
+    layout = m35.layout((3, 5))
+    assert layout.forced.tolist() == [-1] * 5 + [EOL] + [-1] * 5 + [EOL] + [-1] * 5 + [EOI]
+    assert m35.sequence_length((64, 64)) == 64 * 65 and layout.num_slots == m35.sequence_length((3, 5))
+    with pytest.raises(ssd_core.SSDError, match="Emu3.5 cannot make a 200x200 token grid"):
+        m35.check_grid((200, 200))
+
+
+def test_every_decoder_and_ssd_exact_equals_ar(m35, tmp_path):
+    ssd_core.DraftHeads.for_model(m35).save(tmp_path / "h.safetensors")
+    check_every_decoder(m35, ssd_core.load_heads(tmp_path / "h.safetensors", m35), "a red cat", GRID, 16)
+    for seed in (1, 2):
+        a = ssd_core.generate(m35, None, prompt="a lighthouse", decoder="ar", seed=seed, grid=(6, 4), score=False)
+        b = ssd_core.generate(m35, None, prompt="a lighthouse", decoder="ssd-exact", seed=seed, grid=(6, 4),
+                              score=False)
+        assert torch.equal(a.tokens, b.tokens)
+
+
+def test_batched_cfg_equals_unbatched(m35):
+    # the raw logits (|l| ~ 10 here) agree to 1e-4 (asserted; 6e-6 measured); guidance at cfg 5 weighs them by up
+    # to 2 cfg - 1 = 9 in the log-probs
+    check_cfg_matches_unbatched(m35, "a red cat", GRID, cfg=5.0, tol=9e-5)
+    check_cfg_matches_unbatched(m35, "a red cat", GRID, negative="blurry", cfg=5.0, tol=9e-5)
+
+
+def test_loads_through_api_node_and_cli(folder, m35, tmp_path, monkeypatch):
+    ar = ssd_core.generate(m35, None, prompt="a red cat", decoder="ar", seed=3, grid=(4, 4))
+    assert tuple(ar.image.shape) == (64, 64, 3)
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(folder.parent))
+    (loaded,) = nodes.SSDLoadModel().load(folder.name, "float32", "cpu")
+    assert loaded.model.family == "emu3.5" and loaded.model.default_grid == (64, 64)
+    out = run(loaded, prompt="a red cat", decoder="ar", seed=3, grid="4x4")
+    assert out["result"][1]["tokens"] == ar.tokens.tolist()
+    trace = tmp_path / "trace.json"
+    rc = cli.main(["generate", "--model", str(folder), "--prompt", "a red cat", "--decoder", "ar", "--seed", "3",
+                   "--grid", "4x4", "--dtype", "fp32", "--heads", "none", "--trace", str(trace),
+                   "--out", str(tmp_path / "x.png")])
+    assert rc == 0 and json.loads(trace.read_text())["tokens"] == ar.tokens.tolist()
+
+
+def test_without_ibq_file_no_pixels(m35):
+    m = Emu35Model(m35.model, m35.tokenizer, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = ssd_core.generate(m, None, prompt="a cat", decoder="ar", grid=(4, 4), score=False)
+    assert res.image is None and any("convert-ibq" in str(w.message) for w in caught)
+
+
+# ---- damaged folders: refused before loading, one line naming the fix ---------------------------------------------
+def _copy(folder, tmp_path, name):
+    out = tmp_path / name
+    shutil.copytree(folder, out)
+    return out
+
+
+def test_damaged_folders_are_refused_in_one_line(folder, tmp_path):
+    cases = []
+    shard = _copy(folder, tmp_path, "no-shard")
+    (shard / "model-00002-of-00002.safetensors").unlink()
+    cases.append((shard, "model-00002-of-00002.safetensors"))
+    for name in ("emu3.tiktoken", "emu3_vision_tokens.txt"):
+        bare = _copy(folder, tmp_path, f"no-{name}")
+        (bare / name).unlink()
+        cases.append((bare, r"lacks Emu3.5's tokenizer files .*baaivision/Emu3.5 src/tokenizer_emu3_ibq/"))
+    noibq = _copy(folder, tmp_path, "no-ibq")
+    (noibq / "ibq.safetensors").unlink()
+    cases.append((noibq, r"has no ibq.safetensors .*python -m ssd_core convert-ibq model.ckpt config.yaml"))
+    pickled = _copy(folder, tmp_path, "pickle-only")
+    (pickled / "ibq.safetensors").unlink()
+    torch.save({"decoder.conv_in.weight": torch.zeros(1)}, pickled / "model.ckpt")
+    cases.append((pickled, r"holds only the pickle model.ckpt, which the pack never unpickles: .*convert-ibq"))
+    cut = _copy(folder, tmp_path, "cut-ibq")
+    data = (cut / "ibq.safetensors").read_bytes()
+    (cut / "ibq.safetensors").write_bytes(data[:len(data) // 2])
+    cases.append((cut, r"convert-ibq"))
+    vocab = _copy(folder, tmp_path, "damaged-tiktoken")
+    (vocab / "emu3.tiktoken").write_text("not base64 at all\n")
+    cases.append((vocab, r"emu3.tiktoken line 1 is not 'base64 rank'"))
+    for bad, match in cases:
+        with pytest.raises(ssd_core.SSDError, match=match) as err:
+            ssd_core.load_model(bad, dtype="fp32")
+        assert "\n" not in str(err.value), bad.name
+
+
+def test_the_other_releases_are_told_apart(folder, tmp_path):
+    emu3 = build_emu3(tmp_path / "Emu3-Gen-hf")
+    assert ssd_core.load_model(emu3, dtype="fp32").family == "emu3"
+    with pytest.raises(ssd_core.SSDError, match=r"not a emu3.5 model .* load it as family 'emu3'"):
+        ssd_core.load_model(emu3, dtype="fp32", family="emu3.5")
+    with pytest.raises(ssd_core.SSDError, match=r"load it as family 'emu3.5'"):
+        ssd_core.load_model(folder, dtype="fp32", family="emu3")
+    # BAAI/Emu3-Gen's own remote-code release says model_type "Emu3" too, but has no q/k norms
+    old = _copy(folder, tmp_path, "Emu3-Gen")
+    for shard in old.glob("model-*.safetensors"):
+        from safetensors.torch import save_file
+
+        kept = {k: v for k, v in load_file(str(shard)).items() if "_norm.weight" not in k or "layernorm" in k}
+        save_file(kept, str(shard), metadata={"format": "pt"})
+    index = json.loads((old / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "q_norm" not in k and "k_norm" not in k}
+    (old / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ssd_core.SSDError, match=r"no q_norm / k_norm: .*load BAAI/Emu3-Gen-hf as family .emu3.") as err:
+        ssd_core.load_model(old, dtype="fp32")
+    assert "\n" not in str(err.value)
