@@ -5,8 +5,8 @@ tensor data) and builds the config's model on the meta device (nothing allocated
 checked in about a second. Findings, each one line with its fix: the family; the weight shards the index names
 and which are missing; the tensors of the files against the state_dict of the config's model (missing,
 unexpected, of another shape; a config.json that declares fewer layers than the weights is refused, not run
-truncated); the tokenizer; the family's extra files (Lumina's vqgan.safetensors, a llama-grid's ssd_model.json and
-VQ decoder); generation_config.json where the family reads one; and the memory of the weights in bf16 / fp16 /
+truncated); the tokenizer; the family's extra files (Lumina's vqgan.safetensors, Lumina-mGPT 2.0's
+movqgan.safetensors, Emu3.5's ibq.safetensors, a llama-grid's ssd_model.json and VQ decoder); generation_config.json where the family reads one; and the memory of the weights in bf16 / fp16 /
 fp32 / 8-bit / 4-bit beside this machine's free RAM (and each CUDA GPU's free memory).
 
     report = check_folder(folder); print(format_report(report)); report.loadable
@@ -29,7 +29,7 @@ from .errors import SSDError, shown
 from .memory import KEEP_FULL, RESERVE_BYTES
 
 LEVELS = ("ok", "missing", "error")
-BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2")  # the families whose files this check knows
+BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2", "emu3.5")  # the families whose files this check knows
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 GIB = 2**30
 WIDTH = 118  # the report's lines: one screen of a wide terminal
@@ -207,20 +207,25 @@ def _index_shards(folder: Path, index: Path, report: Report) -> tuple[list, set]
 # ---- the config's model on the meta device ------------------------------------------------------------------
 def meta_model(folder: Path, family: str, config: dict):
     """(the transformers model config.json describes, built on the meta device: shapes, no memory; a note on
-    its layout)."""
+    its layout). A family whose config.json AutoConfig cannot read (Emu3.5's model_type "Emu3") writes the
+    config its loader builds (its transformers_config)."""
     import torch
     import transformers
     from transformers import AutoConfig
 
     from .families import family_class
 
-    model_cls, note = family_model_class(family_class(family), folder, config)
+    cls = family_class(family)
+    model_cls, note = family_model_class(cls, folder, config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
         try:
-            cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+            if hasattr(cls, "transformers_config"):
+                cfg = cls.transformers_config(folder, config)
+            else:
+                cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
             with torch.device("meta"):
                 if model_cls is transformers.AutoModelForCausalLM:
                     return model_cls.from_config(cfg, trust_remote_code=False), note
@@ -375,6 +380,18 @@ def _shapes(model, tensors: dict, unseen: set, family: str, cls, config: dict, r
 
 # ---- the family's other files -------------------------------------------------------------------------------
 def _tokenizer(folder: Path, family: str, cls, report: Report) -> None:
+    if family == "emu3.5":  # its own files (baaivision/Emu3.5 src/tokenizer_emu3_ibq), not a transformers tokenizer
+        from .families.emu35 import TOKENIZER_FIX
+        from .families.emu35_tokenizer import FILES, tokenizer_folder
+
+        where = tokenizer_folder(folder)
+        if where is None:
+            report.add("missing", "tokenizer", f"no {' / '.join(FILES)} (Emu3.5's tokenizer): its prompts are text; "
+                       f"{TOKENIZER_FIX}", True)
+        else:
+            sub = f"{where.name}/" if where != folder else ""
+            report.add("ok", "tokenizer", ", ".join(sub + n for n in FILES))
+        return
     held = [n for n in TOKENIZER_FILES if (folder / n).is_file()]
     if held:
         report.add("ok", "tokenizer", ", ".join(held + [n for n in ("tokenizer_config.json",)
@@ -410,6 +427,20 @@ def _extras(folder: Path, family: str, config: dict, report: Report) -> None:
             try:
                 cfg = MoVQDecoder.check_file(found)
                 report.add("ok", "vq", f"movqgan.safetensors: {cfg.n_embed} codes, {cfg.factor} px a code")
+            except SSDError as err:
+                report.add("error", "vq", str(err))
+    elif family == "emu3.5":
+        from .pixel_decoders.ibq import CONVERT_FIX, IBQDecoder, find_ibq, pickled_checkpoints
+
+        found, fix = find_ibq(folder), CONVERT_FIX.format(folder=folder)
+        if found is None:
+            pickled = pickled_checkpoints(folder)
+            what = f"only the pickle {pickled[0].name} (never unpickled)" if pickled else "no ibq.safetensors"
+            report.add("missing", "vq", f"{what}, Emu3.5's IBQ pixel decoder: {fix}", True)
+        else:
+            try:
+                cfg = IBQDecoder.check_file(model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file"))
+                report.add("ok", "vq", f"{os.path.relpath(found, folder)}: {cfg.n_embed} codes, {cfg.factor} px a code")
             except SSDError as err:
                 report.add("error", "vq", str(err))
     elif family == "llama-grid":

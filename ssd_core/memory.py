@@ -30,6 +30,7 @@ KEEP_FULL = {
     "emu3": ["lm_head", "model.vqmodel"],
     "lumina": ["lm_head", "model.vqmodel"],
     "lumina2": ["lm_head", "model.vqmodel"],  # pixels: movqgan.safetensors, outside the model
+    "emu3.5": ["lm_head"],  # its image rows are sliced; pixels: ibq.safetensors, outside the model
 }
 RESERVE_BYTES = 2 * 2**30  # VRAM left free under offload for the KV cache and activations
 MIN_BNB_CPU = (0, 50)  # bitsandbytes runs 8-bit and 4-bit on the CPU too from here on (0.50.2 tested)

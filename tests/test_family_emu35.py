@@ -356,3 +356,78 @@ def test_the_other_releases_are_told_apart(folder, tmp_path):
     with pytest.raises(ssd_core.SSDError, match=r"no q_norm / k_norm: .*load BAAI/Emu3-Gen-hf as family .emu3.") as err:
         ssd_core.load_model(old, dtype="fp32")
     assert "\n" not in str(err.value)
+
+
+# ---- fitting it on users' cards, check-model -----------------------------------------------------------------------
+def test_memory_row_plan_and_cache_at_the_largest_grid(m35):
+    """Meta-device counts of the 34B config (tools/memory_table.py: 34.1B = 31.2B transformer + 2.9B embeddings,
+    as published), --plan's shape, and the static cache at the largest listed grid: 64x64 (64 rows of 64 + row end,
+    the last row's end being the image end: 4,160 slots), more than any other aspect of the release's list (85x47:
+    4,080; the widest, 41x97: 4,018)."""
+    from types import SimpleNamespace
+
+    from ssd_core import static_cache
+    from ssd_core.memory import KEEP_FULL
+    from ssd_core.training import TrainConfig, plan
+    from tools.memory_table import released_counts
+    from tools.random_models import SHAPES, _model_class, random_config
+
+    hidden, vocab = 5120, 282926
+    assert vocab == FIRST_VISUAL + 131072 == SHAPES["emu3.5"]["Emu3.5-Image"]["vocab_size"]
+    assert _model_class("emu3.5") is Emu35Model.model_class(None)  # the loader's Qwen3 subclass
+    c = released_counts("Emu3.5-Image")
+    embeddings = 2 * vocab * hidden  # embed_tokens and lm_head, untied
+    assert 34.05e9 < c["params"] < 34.15e9 and 2.85e9 < embeddings < 2.95e9
+    assert 31.15e9 < c["params"] - embeddings < 31.25e9
+    assert [round(c[q], 1) for q in ("none", "8-bit", "4-bit")] == [63.5, 34.5, 20.4]  # GiB: the docs' row
+    assert KEEP_FULL["emu3.5"] == ["lm_head"]  # its image rows are sliced: kept in full precision
+    shape = plan.MODELS["Emu3.5-Image"]
+    assert shape.family == "emu3.5" and shape.slots == m35.sequence_length((64, 64)) == 64 * 65
+    assert shape.vocab == vocab and shape.image_cells == 64 * 64 and shape.codes == 131072
+    # the plan counts the image head (lm_head's image rows) on top of the vocabulary, as for Emu3 and Lumina
+    assert abs(shape.params - shape.image_head - c["params"]) / c["params"] < 1e-4
+    plan.check("Emu3.5-Image", "H100", "1,8")
+    one, eight = (plan.project(shape, "H100", n, TrainConfig(samples=800, epochs=1, batch_grids=16, gen_batch=8))
+                  for n in (1, 8))
+    assert 7.0 < one["generation_s"] / eight["generation_s"] <= 8.0
+    static_cache.enable(m35, "static")
+    try:
+        slots = {g: m35.layout(g).num_slots for g in m35.grid_options()}
+        assert set(slots) == set(Emu35Model.listed_grids())
+        assert max(slots.values()) == m35.static.slots == 64 * 65 == slots[(64, 64)]
+        assert slots[(64, 64)] > slots[(85, 47)] == 85 * 48 > slots[(41, 97)] == 41 * 98
+        assert static_cache.capacity(m35.static, 256) == 4928  # 256 + 4160 + the widest window (504), to 64
+        full = SimpleNamespace(static=m35.static, dtype=torch.bfloat16,
+                               backbone=lambda: SimpleNamespace(config=random_config("emu3.5", "Emu3.5-Image")))
+        assert round(static_cache.cache_bytes(full) / 2**30, 2) == 2.41  # bf16, a guided image, the 34B's KV shape
+    finally:
+        static_cache.enable(m35, "off")
+
+
+def test_check_model_knows_the_folder_and_what_it_lacks(folder, tmp_path):
+    from ssd_core.check_model import check_folder
+
+    report = check_folder(folder)  # config.json's model_type "Emu3": built from the loader's Qwen3Config
+    assert report.family == "emu3.5" and report.loadable, [f.line for f in report.blocking()]
+    assert not [f.line for f in report.findings if f.level != "ok"]
+    assert any(f.topic == "shapes" and "read as transformers' Qwen3" in f.line for f in report.findings)
+    assert any(f.topic == "tokenizer" and f.line == "emu3.tiktoken, emu3_vision_tokens.txt" for f in report.findings)
+    assert any(f.topic == "vq" and f.line == "ibq.safetensors: 16 codes, 16 px a code" for f in report.findings)
+    sub = _copy(folder, tmp_path, "subfolder")  # the release's own folder name for the tokenizer
+    (sub / "tokenizer_emu3_ibq").mkdir()
+    for name in ("emu3.tiktoken", "emu3_vision_tokens.txt"):
+        (sub / name).rename(sub / "tokenizer_emu3_ibq" / name)
+    found = check_folder(sub)
+    assert found.loadable and any(f.topic == "tokenizer" and "tokenizer_emu3_ibq/emu3.tiktoken" in f.line
+                                  for f in found.findings)
+    bare = _copy(folder, tmp_path, "bare")
+    for name in ("ibq.safetensors", "emu3.tiktoken", "emu3_vision_tokens.txt"):
+        (bare / name).unlink()
+    lines = [f.line for f in check_folder(bare).blocking()]
+    assert len(lines) == 2
+    assert any("no ibq.safetensors" in line and "BAAI/Emu3.5-VisionTokenizer" in line and "convert-ibq" in line
+               for line in lines)
+    assert any("emu3.tiktoken" in line and "baaivision/Emu3.5 src/tokenizer_emu3_ibq/" in line for line in lines)
+    torch.save({"decoder.conv_in.weight": torch.zeros(1)}, bare / "model.ckpt")
+    lines = [f.line for f in check_folder(bare).blocking()]
+    assert any("only the pickle model.ckpt (never unpickled)" in line and "convert-ibq" in line for line in lines)

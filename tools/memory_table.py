@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from ssd_core import check_model
-from ssd_core.families import family_class
 from ssd_core.memory import QUANTIZATIONS
-from tools.random_models import random_config
+from tools.random_models import _model_class, random_config
 
 
 def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int:
@@ -17,7 +16,7 @@ def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int
 
 # the released models: (family, SHAPES name); their vision / VQ parts at transformers' default (released) sizes
 RELEASED = {"Janus-Pro-1B": "janus", "Janus-Pro-7B": "janus", "Emu3-Gen": "emu3", "Lumina-mGPT-7B": "lumina",
-            "Lumina-mGPT-2.0": "lumina2"}
+            "Lumina-mGPT-2.0": "lumina2", "Emu3.5-Image": "emu3.5"}
 
 
 def released_config(name: str):
@@ -43,10 +42,8 @@ def released_config(name: str):
 def released_counts(name: str) -> dict:
     """Weights' GiB of a released model at each quantization, from a meta-device init of its config."""
     family = RELEASED[name]
-    import transformers
-
     with torch.device("meta"):
-        model = getattr(transformers, family_class(family).transformers_class)(released_config(name))
+        model = _model_class(family)(released_config(name))
     params = sum(p.numel() for p in model.parameters())
     return {"params": params, **{q: weights_bytes(model, q, family) / 2**30 for q in QUANTIZATIONS}}
 

@@ -56,6 +56,14 @@ SHAPES = {
                             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 172032,
                             "max_position_embeddings": 10240, "codes": 16384},
     },
+    # Emu3.5-Image: 151,854 text / special ids + 131,072 visual ones (counted in the real tokenizer files); the
+    # stack inferred from the published 34.1B = 31.2B transformer + 2.9B embeddings, the positions from its
+    # 32,768-token context (no real config.json seen)
+    "emu3.5": {
+        "Emu3.5-Image": {"hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                         "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 282926,
+                         "max_position_embeddings": 32768, "codes": 131072},
+    },
 }
 
 
@@ -138,14 +146,28 @@ def random_config(family: str, shapes):
         return ChameleonConfig(bos_token_id=None, pad_token_id=None, eos_token_id=151666, vocabulary_map={},
                                vq_config=dict(num_embeddings=64, base_channels=32, channel_multiplier=[1, 1],
                                               num_res_blocks=1, embed_dim=8, latent_channels=8), **sh)
+    if family == "emu3.5":  # the release's config.json layout, read as the loader reads it (a Qwen3Config)
+        from ssd_core.families.emu35 import FIRST_VISUAL, released_config
+
+        codes = sh.pop("codes")
+        if sh["vocab_size"] != FIRST_VISUAL + codes:
+            raise ValueError(f"emu3.5 shapes: vocab_size {sh['vocab_size']} != {FIRST_VISUAL} + codes {codes}")
+        return released_config({"architectures": ["Emu3ForCausalLM"], "model_type": "Emu3", "hidden_act": "silu",
+                                "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+                                "pad_token_id": 151643, "bos_token_id": 151849, "eos_token_id": 151850, **sh})
     raise KeyError(f"no random shapes for family {family!r}; known: {', '.join(SHAPES)}")
 
 
 def _model_class(family: str):
+    """The class the family's loader builds: its own where it has one for a config of its own (emu3.5's Qwen3
+    subclass), else transformers' class of that name."""
     from ssd_core.families import family_class
     import transformers
 
-    return getattr(transformers, family_class(family).transformers_class)
+    cls = family_class(family)
+    if hasattr(cls, "transformers_config"):
+        return cls.model_class(None)
+    return getattr(transformers, cls.transformers_class)
 
 
 @contextlib.contextmanager
@@ -183,8 +205,8 @@ def random_heads(model, device=None, dtype=None, seed: int = 0):
 
 
 def random_model(family: str, shapes, device="cpu", dtype=torch.bfloat16, seed: int = 0, grid=None, vqgan=None):
-    """A GridModel of `family` with random weights of `shapes`; `grid` (emu3, lumina) and `vqgan` (lumina) as
-    the family's load options."""
+    """A GridModel of `family` with random weights of `shapes`; `grid` (emu3, lumina) and `vqgan` (lumina; emu3.5's
+    ibq) as the family's load options."""
     from ssd_core.families import family_class
 
     config = random_config(family, shapes)
@@ -199,6 +221,8 @@ def random_model(family: str, shapes, device="cpu", dtype=torch.bfloat16, seed: 
         return cls(model)
     if family == "emu3":
         return cls(model, None, None, grid=grid)
+    if family == "emu3.5":
+        return cls(model, None, None, ibq=vqgan, grid=grid)
     return cls(model, None, None, vqgan=vqgan, grid=grid)
 
 

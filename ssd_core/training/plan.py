@@ -76,6 +76,9 @@ MODELS = {
     "Lumina-mGPT-7B": Shape("lumina", 4096, 32, 11008, 32, 32, 65536, 8192, 48 * 49, 2304, 64, 0, 20000),
     # Lumina-mGPT 2.0 at its README's 768 px: 96 x 97 slots (row ends), 16,384 MoVQGAN codes; vocab assumed
     "Lumina-mGPT-2.0": Shape("lumina2", 4096, 32, 11008, 32, 32, 172032, 16384, 96 * 97, 9216, 64, 0, 0),
+    # Emu3.5-Image at its default 1024 px: 64 x 65 slots (row ends, the last one the image end), 131,072 IBQ codes;
+    # the stack inferred from the published 34.1B (tools/random_models.py SHAPES)
+    "Emu3.5-Image": Shape("emu3.5", 5120, 64, 27648, 40, 8, 282926, 131072, 64 * 65, 4096, 64, 0, 0),
 }
 
 
