@@ -113,3 +113,87 @@ def build_emu35_released(folder, seed: int = 0, ibq: bool = True, tokenizer: boo
 
         tiny_ibq_decoder(seed + 1, n_embed=CODES).save(folder / "ibq.safetensors")
     return folder
+
+
+# ---- the release's decoder, re-created from src/emu3p5/modeling_emu3.py ------------------------------------------
+class ReleaseEmu35:
+    """Emu3Model / Emu3ForCausalLM's forward (eager attention, fp32, no cache) over released tensors: `w` maps the
+    release's names (model.embed_tokens.weight, model.layers.N..., model.norm.weight, lm_head.weight) to tensors.
+    FlashAR's copy of the file (lxazjk/Emu3.5-FlashAR src/emu3p5/modeling_emu3.py) adds what `run` takes: a 4-D
+    additive mask used as is, explicit position ids, the hidden state before a layer (capture_hidden_before_layer)."""
+
+    def __init__(self, cfg: dict, w: dict):
+        self.cfg, self.w = cfg, w
+
+    @classmethod
+    def from_folder(cls, folder):
+        from safetensors.torch import load_file
+
+        w = {}
+        for shard in sorted(Path(folder).glob("model-*.safetensors")):
+            w.update(load_file(str(shard)))
+        return cls(json.loads((Path(folder) / "config.json").read_text()), w)
+
+    @staticmethod
+    def rms(x, weight, eps):  # Emu3RMSNorm
+        input_dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + eps)
+        return weight * x.to(input_dtype)
+
+    @staticmethod
+    def rotary(seq_len, dim, base):  # Emu3RotaryEmbedding._set_cos_sin_cache
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+        t = torch.arange(seq_len, dtype=inv_freq.dtype)
+        emb = torch.cat((torch.outer(t, inv_freq),) * 2, dim=-1)
+        return emb.cos(), emb.sin()
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def layer(self, p: str, h, mask, position_ids):
+        """Emu3DecoderLayer with Emu3Attention (q_norm / k_norm before RoPE), tensors under prefix `p`."""
+        import math
+
+        c, w = self.cfg, self.w
+        eps, heads, kv, hd = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        B, n, _ = h.shape
+        cos, sin = self.rotary(int(position_ids.max()) + 1, hd, c["rope_theta"])
+        residual = h
+        x = self.rms(h, w[p + "input_layernorm.weight"], eps)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(B, n, heads, hd)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(B, n, kv, hd)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(B, n, kv, hd).transpose(1, 2)
+        q = self.rms(q, w[p + "self_attn.q_norm.weight"], eps).transpose(1, 2)
+        k = self.rms(k, w[p + "self_attn.k_norm.weight"], eps).transpose(1, 2)
+        cq, sq = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
+        q, k = q * cq + self.rotate_half(q) * sq, k * cq + self.rotate_half(k) * sq
+        k = k[:, :, None].expand(B, kv, heads // kv, n, hd).reshape(B, heads, n, hd)  # repeat_kv
+        v = v[:, :, None].expand(B, kv, heads // kv, n, hd).reshape(B, heads, n, hd)
+        att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd) + mask
+        att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        h = residual + torch.matmul(att, v).transpose(1, 2).reshape(B, n, -1) @ w[p + "self_attn.o_proj.weight"].T
+        residual = h
+        x = self.rms(h, w[p + "post_attention_layernorm.weight"], eps)
+        x = torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)
+        return residual + x @ w[p + "mlp.down_proj.weight"].T
+
+    def run(self, ids, mask, position_ids, prefix: str = "model.", capture: int | None = None):
+        """Emu3Model.forward: ids [B, n] -> (final-normed hidden [B, n, d], the hidden before layer `capture`)."""
+        h = self.w[prefix + "embed_tokens.weight"][ids]
+        captured = None
+        for i in range(self.cfg["num_hidden_layers"]):
+            if i == capture:
+                captured = h
+            h = self.layer(f"{prefix}layers.{i}.", h, mask, position_ids)
+        return self.rms(h, self.w[prefix + "norm.weight"], self.cfg["rms_norm_eps"]), captured
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """Emu3ForCausalLM with its causal mask: the last position's logits [vocab]."""
+        n = len(ids)
+        mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+        h, _ = self.run(torch.tensor([ids]), mask, torch.arange(n)[None])
+        return (h @ self.w["lm_head.weight"].T)[0, -1].float()

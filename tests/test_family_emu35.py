@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import ssd_core
 from conftest import load_pack, run
-from released_emu35 import FIRST_VISUAL, build_emu35_released, tiktoken_ranks
+from released_emu35 import FIRST_VISUAL, ReleaseEmu35, build_emu35_released, tiktoken_ranks
 from ssd_core import cli
 from ssd_core.families.emu35 import Emu35Model
 from ssd_core.families.emu35_tokenizer import PAT_STR, Emu35Tokenizer
@@ -48,72 +48,10 @@ def m35(folder):
     return ssd_core.load_model(folder, dtype="fp32")
 
 
-# ---- the release's decoder, re-created from src/emu3p5/modeling_emu3.py ----------------------------------------
-class ReleaseEmu35:
-    """Emu3ForCausalLM's forward (eager attention, no cache, fp32) over the folder's safetensors."""
-
-    def __init__(self, folder):
-        self.cfg = json.loads((folder / "config.json").read_text())
-        self.w = {}
-        for shard in sorted(folder.glob("model-*.safetensors")):
-            self.w.update(load_file(str(shard)))
-
-    def rms(self, x, weight, eps):  # Emu3RMSNorm
-        input_dtype = x.dtype
-        x = x.to(torch.float32)
-        variance = x.pow(2).mean(-1, keepdim=True)
-        x = x * torch.rsqrt(variance + eps)
-        return weight * x.to(input_dtype)
-
-    def rotary(self, seq_len, dim, base):  # Emu3RotaryEmbedding._set_cos_sin_cache
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
-        t = torch.arange(seq_len, dtype=inv_freq.dtype)
-        freqs = torch.outer(t, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
-
-    @staticmethod
-    def rotate_half(x):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        return torch.cat((-x2, x1), dim=-1)
-
-    def logits(self, ids: list[int]) -> torch.Tensor:
-        """The last position's logits [vocab]."""
-        c, w = self.cfg, self.w
-        eps, heads, kv, hd = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        n = len(ids)
-        h = w["model.embed_tokens.weight"][torch.tensor([ids])]
-        cos, sin = self.rotary(n, hd, c["rope_theta"])
-        position_ids = torch.arange(n)[None]
-        mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
-        for i in range(c["num_hidden_layers"]):
-            p = f"model.layers.{i}."
-            residual = h
-            x = self.rms(h, w[p + "input_layernorm.weight"], eps)
-            q = (x @ w[p + "self_attn.q_proj.weight"].T).view(1, n, heads, hd)
-            k = (x @ w[p + "self_attn.k_proj.weight"].T).view(1, n, kv, hd)
-            v = (x @ w[p + "self_attn.v_proj.weight"].T).view(1, n, kv, hd).transpose(1, 2)
-            q = self.rms(q, w[p + "self_attn.q_norm.weight"], eps).transpose(1, 2)  # q_norm before RoPE
-            k = self.rms(k, w[p + "self_attn.k_norm.weight"], eps).transpose(1, 2)
-            cq, sq = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
-            q, k = q * cq + self.rotate_half(q) * sq, k * cq + self.rotate_half(k) * sq
-            k = k[:, :, None].expand(1, kv, heads // kv, n, hd).reshape(1, heads, n, hd)  # repeat_kv
-            v = v[:, :, None].expand(1, kv, heads // kv, n, hd).reshape(1, heads, n, hd)
-            att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd) + mask
-            att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(att, v).transpose(1, 2).reshape(1, n, -1)
-            h = residual + out @ w[p + "self_attn.o_proj.weight"].T
-            residual = h
-            x = self.rms(h, w[p + "post_attention_layernorm.weight"], eps)
-            x = (torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T))
-            h = residual + x @ w[p + "mlp.down_proj.weight"].T
-        h = self.rms(h, w["model.norm.weight"], eps)
-        return (h @ w["lm_head.weight"].T)[0, -1].float()
-
-
+# ---- the release's decoder, re-created from src/emu3p5/modeling_emu3.py (tests/released_emu35.py) ----------
 @pytest.fixture(scope="module")
 def release(folder):
-    return ReleaseEmu35(folder)
+    return ReleaseEmu35.from_folder(folder)
 
 
 def test_the_decoder_computes_what_the_release_computes(m35, release):

@@ -17,7 +17,7 @@ def test_each_bundled_model_lists_its_own_sizes():
     assert "48x48 (192x192 px, 1:1) reference-48" in options and "32x32 (128x128 px, 1:1) reference-48" in options
     assert "24x24 (96x96 px, 1:1) reference" in options
     assert options.index("24x24 (96x96 px, 1:1) reference") < options.index("48x48 (192x192 px, 1:1) reference-48")
-    assert len(options) == len(set(options)) and len(options) <= 40  # was 91: every Lumina-mGPT size
+    assert len(options) == len(set(options)) and len(options) <= 44  # was 91: every Lumina-mGPT size
 
 
 def test_lumina_lists_one_size_per_aspect():

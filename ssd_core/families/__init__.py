@@ -19,6 +19,7 @@ FAMILIES = {
     "lumina": (".lumina", "LuminaModel"),
     "lumina2": (".lumina2", "Lumina2Model"),
     "emu3.5": (".emu35", "Emu35Model"),
+    "emu3.5-flashar": (".flashar", "FlashARModel"),
 }
 
 

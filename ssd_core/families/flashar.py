@@ -1,0 +1,260 @@
+"""`emu3.5-flashar`: Emu3.5-Image-FlashAR (lxazjk/Emu3.5-FlashAR, checkpoint lxazjk/Emu3.5-Image-FlashAR).
+
+FlashAR post-trains Emu3.5-Image with a vertical branch and decodes along anti-diagonals. Its checkpoint is the
+whole wrapper (flashar/model/modeling_emu_flashar.py, Emuflashar), saved by flashar/utils/checkpoint_utils.py
+_write_hf_checkpoint_dir as model-*.safetensors + index and a config.json of model_type "emu3_flashar" holding
+`backbone_config` (the Emu3.5 config), `visual_token_offset`, `use_vertical_block`, `vertical_layers` and
+`vertical_start_layer`. Its tensors:
+- `backbone.*`: the post-trained Emu3.5 decoder (Emu3Model's names: embed_tokens, layers.N, norm);
+- `horizontal_head.weight` [V, d]: predicts the right neighbour (h, w+1) from the final-normed feature of (h, w);
+- `vertical_block.K.*` (copies of the backbone's layers from `vertical_start_layer`, run on the hidden state the
+  backbone has before that layer, with a KV cache of their own and no prefix), `vertical_norm.weight`,
+  `vertical_head.weight` [V, d]: the bottom neighbour (h+1, w);
+- `hv_gate_mlp.{0,2}` (sigmoid of an MLP of [h feature of the left cell ; v feature of the cell above]) and
+  `hv_gate_corner` (the first cell, from the prompt's last feature): the weight of the horizontal logits.
+No pickle is read: the checkpoint is safetensors (flashar_checkpoint_utils.py safe_torch_load reads pickles with
+weights_only=False; this loader never does). The Emu3.5 tokenizer files and ibq.safetensors go into the same
+folder as for Emu3.5-Image (families/emu35.py).
+
+The pack's own decoders need a raster distribution the checkpoint does not define well: its backbone was
+post-trained under the anti-diagonal (proximity) mask without row-end tokens, and its horizontal head at a row's
+last cell was never asked for the next row's first cell (the fusion uses the vertical head there). So only the
+`flashar` decoder runs on it (ssd_core/flashar_decode.py); docs/decoders.md says what was measured.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .. import model_files
+from ..errors import SSDError, shown
+from ..session import Layout, Prompt
+from .emu35 import REPO as BASE_REPO
+from .emu35 import TEMPLATE, Emu35Model, released_config
+from .emu35_tokenizer import Emu35Tokenizer
+
+REPO = "lxazjk/Emu3.5-Image-FlashAR"
+CODE_REPO = "lxazjk/Emu3.5-FlashAR"
+UPSTREAM_GRID = (32, 32)  # its README and HF card: "the default 32 x 32 visual-token grid" (512 px)
+# tensor names of the wrapper besides backbone.* and vertical_block.*
+HEAD_TENSORS = ("horizontal_head.weight", "vertical_head.weight", "vertical_norm.weight", "hv_gate_mlp.0.weight",
+                "hv_gate_mlp.2.weight", "hv_gate_mlp.2.bias", "hv_gate_corner.weight", "hv_gate_corner.bias")
+
+
+class FlashARNet(nn.Module):
+    """Emuflashar's modules under its state-dict names, on transformers' Qwen3 layers (families/emu35.py)."""
+
+    def __init__(self, backbone_config, vertical_layers: int, vertical_start_layer: int):
+        from transformers import Qwen3Model
+
+        super().__init__()
+        d, vocab = int(backbone_config.hidden_size), int(backbone_config.vocab_size)
+        self.config = backbone_config
+        self.vertical_start_layer = int(vertical_start_layer)
+        self.backbone = Qwen3Model(backbone_config)
+        self.horizontal_head = nn.Linear(d, vocab, bias=False)
+        # the vertical block as a Qwen3Model of its own: its layers are vertical_block.K, its final norm is
+        # vertical_norm, its embedding (one row, never read) stands outside the checkpoint
+        vcfg = copy.deepcopy(backbone_config)
+        vcfg.num_hidden_layers, vcfg.vocab_size, vcfg.pad_token_id = int(vertical_layers), 1, None
+        if getattr(vcfg, "layer_types", None) is not None:
+            vcfg.layer_types = list(vcfg.layer_types[:int(vertical_layers)])
+        self.vertical = Qwen3Model(vcfg)
+        self.vertical_head = nn.Linear(d, vocab, bias=False)
+        gate = max(64, d // 8)  # Emuflashar.__init__: gate_proj_dim
+        self.hv_gate_mlp = nn.Sequential(nn.Linear(2 * d, gate, bias=False), nn.SiLU(), nn.Linear(gate, 1, bias=True))
+        self.hv_gate_corner = nn.Linear(d, 1, bias=True)
+
+    def get_input_embeddings(self):
+        return self.backbone.embed_tokens
+
+    @staticmethod
+    def released_name(name: str) -> str | None:
+        """Our parameter name -> the checkpoint's (None: not in it)."""
+        if name.startswith("vertical.layers."):
+            return "vertical_block." + name[len("vertical.layers."):]
+        if name == "vertical.norm.weight":
+            return "vertical_norm.weight"
+        if name.startswith("vertical."):
+            return None  # the vertical Qwen3Model's unused embedding
+        return name
+
+
+def read_flashar_config(folder) -> dict:
+    cfg = model_files.read_config(folder)
+    backbone = cfg.get("backbone_config")
+    if not isinstance(backbone, dict) or not backbone.get("hidden_size"):
+        raise SSDError(f"{Path(folder) / 'config.json'} has no backbone_config (the Emu3.5 config FlashAR's trainer "
+                       f"saves with the checkpoint): re-download config.json from {REPO}")
+    if not cfg.get("use_vertical_block", True):
+        raise SSDError(f"{folder}: a FlashAR checkpoint without its vertical block (use_vertical_block false) is not "
+                       f"supported: use {REPO}")
+    return cfg
+
+
+def build_net(cfg: dict, device="meta") -> FlashARNet:
+    backbone = released_config(cfg["backbone_config"])
+    layers = int(cfg.get("vertical_layers") or 1)
+    start = int(cfg.get("vertical_start_layer", -1))
+    if start < 0:  # Emuflashar.__init__: the last `vertical_layers` layers
+        start = int(backbone.num_hidden_layers) - layers
+    if not 0 <= start <= int(backbone.num_hidden_layers) - layers:
+        raise SSDError(f"FlashAR config.json: vertical_start_layer {start} + vertical_layers {layers} exceeds the "
+                       f"backbone's {backbone.num_hidden_layers} layers: re-download config.json from {REPO}")
+    with torch.device(device):
+        return FlashARNet(backbone, layers, start)
+
+
+def load_state(net: FlashARNet, folder: Path, dtype: torch.dtype) -> None:
+    """The checkpoint's tensors into `net` (built on the meta device): every tensor the wrapper has must be there,
+    of its shape, and nothing else (a check as strict as the release's load_state_dict(strict=True))."""
+    from safetensors import safe_open
+
+    wanted = {}
+    for name, p in list(net.named_parameters()) + list(net.named_buffers()):
+        released = FlashARNet.released_name(name)
+        if released is not None and not name.endswith("inv_freq"):
+            wanted[released] = (name, tuple(p.shape))
+    state, extra = {}, []
+    for path in model_files.check_weights(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key not in wanted:
+                    extra.append(key)
+                    continue
+                name, shape = wanted[key]
+                t = f.get_tensor(key)
+                if tuple(t.shape) != shape:
+                    raise SSDError(f"{path.name} holds {shown(key)} of shape {tuple(t.shape)} where config.json's "
+                                   f"FlashAR model wants {shape}: re-download the checkpoint and its config.json "
+                                   f"from {REPO}")
+                state[name] = t.to(dtype)
+    missing = [k for k, (name, _) in wanted.items() if name not in state]
+    if missing or extra:
+        what = f"lacks {len(missing)} tensors, e.g. {shown(missing[0])}" if missing else \
+            f"holds {len(extra)} tensors the FlashAR wrapper does not have, e.g. {shown(extra[0])}"
+        raise SSDError(f"the FlashAR checkpoint in {folder} {what}: the download is incomplete or it is another "
+                       f"model; download {REPO} again")
+    net.load_state_dict(state, strict=False, assign=True)
+    for module in net.modules():  # the rotary inv_freq buffers, which no checkpoint holds: made anew on the CPU
+        if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
+            fresh = type(module)(config=module.config)
+            module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
+            if hasattr(module, "original_inv_freq"):
+                module.original_inv_freq = fresh.inv_freq
+    leftover = [n for n, t in list(net.named_parameters()) + list(net.named_buffers()) if t.is_meta]
+    for name in leftover:  # the vertical Qwen3Model's unused one-row embedding
+        module_name, _, attr = name.rpartition(".")
+        module = net.get_submodule(module_name)
+        setattr(module, attr, nn.Parameter(torch.zeros(getattr(module, attr).shape, dtype=dtype), requires_grad=False))
+
+
+class FlashARModel(Emu35Model):
+    family = "emu3.5-flashar"
+    repo_ids = (REPO,)
+    model_types = ("emu3_flashar",)  # checkpoint_utils.py _write_hf_checkpoint_dir
+    architectures = ("Emuflashar",)
+    transformers_class = ""
+    name = "Emu3.5-Image-FlashAR"
+    negative_prompts = False
+    decoders = ("flashar",)  # the only decoder it runs (the module docstring says why)
+    extra_files = Emu35Model.extra_files
+
+    @classmethod
+    def listed_grids(cls):
+        return [UPSTREAM_GRID]  # its release scripts' one size; other sizes run through the API and the CLI (--grid)
+
+    @classmethod
+    def model_class(cls, folder, config: dict | None = None, files=None):
+        raise SSDError("FlashAR checkpoints are read by families/flashar.py, not by a transformers class")
+
+    @classmethod
+    def transformers_config(cls, folder, config: dict):
+        return released_config(config.get("backbone_config") or {})
+
+    def __init__(self, net: FlashARNet, tokenizer=None, folder: Path | None = None, ibq=None, grid=None,
+                 visual_offset: int | None = None):
+        super().__init__(_Config(net), tokenizer, folder, ibq=ibq, grid=grid or UPSTREAM_GRID)
+        self.model = net.eval()
+        self.visual_offset = int(visual_offset if visual_offset is not None else self.image_ids[0])
+        self.image_ids = torch.arange(self.visual_offset, self.visual_offset + self.image_vocab_size)
+        # its README / HF card: CFG 5.0 for the released checkpoint; generate_flashar.py: top_k 0, top_p 1,
+        # temperature 1 (tools/generate_geneval_flashar.py, which made the published GenEval figures, the same)
+        self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+    @classmethod
+    def load(cls, folder, dtype=None, device="cpu", download=None, ibq=None, **kwargs):
+        from ..pixel_decoders import ibq as ibq_module
+
+        options = {k: kwargs.pop(k) for k in ("grid",) if k in kwargs}
+        for key in ("quantization_config", "device_map", "max_memory"):
+            if kwargs.get(key) is not None:
+                raise SSDError("Emu3.5-Image-FlashAR loads unquantized on one device in this version: choose "
+                               "quantization none and offload none")
+        folder = cls.ensure_folder(folder, download)
+        cfg = read_flashar_config(folder)
+        tokenizer = Emu35Tokenizer.from_folder(folder)
+        if ibq is None:
+            found = ibq_module.find_ibq(folder)
+            if found is None:
+                raise SSDError(f"the FlashAR folder {folder} has no ibq.safetensors (Emu3.5's IBQ pixel decoder): "
+                               f"{ibq_module.CONVERT_FIX.format(folder=folder)}")
+            model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file")
+            ibq_module.IBQDecoder.check_file(found)
+            ibq = found
+        net = build_net(cfg)
+        load_state(net, Path(folder), dtype or torch.float32)
+        net = net.to(device)
+        return cls(net, tokenizer, Path(folder), ibq=ibq, visual_offset=cfg.get("visual_token_offset"), **options)
+
+    # ---- the contract: the raster parts are refused, the grid has no row ends -----------------------------
+    def backbone(self):
+        return self.model.backbone
+
+    def final_norm(self):
+        return self.model.backbone.norm
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.rows_logits(normed, self.model.horizontal_head, self.image_ids)
+
+    def sequence_length(self, grid) -> int:
+        H, W = grid
+        return H * W  # FlashAR writes the H x W codes after the image token, nothing else
+
+    def layout(self, grid=None) -> Layout:
+        return Layout.build(self.check_grid(grid))
+
+    def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
+        """tools/generate_geneval_flashar.py make_prefix: the T2I template + `<|image start|>{h}*{w}<|image
+        token|>`; the unconditional row is the same template with an empty prompt (not Emu3.5's own unc_prompt).
+        Emuflashar._build_cfg_text_batch pads on the right (the rows keep their own start)."""
+        if negative_prompt:
+            raise SSDError("Emu3.5-Image-FlashAR takes no negative prompt (its unconditional row is its template "
+                           "with an empty prompt): clear it")
+        grid = self.check_grid(grid)
+        rows = [self.text_ids(TEMPLATE, prompt, grid)]
+        if cfg:
+            rows.insert(0, self.text_ids(TEMPLATE, "", grid))  # [uncond, cond], as the release batches them
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), int(self.pad_id), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, :len(r)] = True
+        return Prompt(ids, mask)
+
+
+class _Config(nn.Module):
+    """What Emu35Model.__init__ reads of a model (its config) before the FlashAR net takes its place."""
+
+    def __init__(self, net: FlashARNet):
+        super().__init__()
+        self.config = net.config
+        self.generation_config = None
+
+
+__all__ = ["FlashARModel", "FlashARNet", "build_net", "load_state", "read_flashar_config"]
