@@ -157,14 +157,16 @@ def resolve_model(name):
 
 
 def _released_as(name) -> str:
-    """' For NAME: what to download and add', when NAME is a released repo's name (a template's model), else ''."""
+    """' For NAME: what to download and add', when NAME is a released repo's name (a template's model), else ''.
+    The extra files' commands name the folder itself where the family writes <folder> (convert-ibq's output)."""
     from ..ssd_core.families import FAMILIES, family_class
 
     for family in FAMILIES:
         cls = family_class(family)
         if any(repo.split("/")[-1] == name for repo in cls.repo_ids):
             top = (folder_dirs(MODELS_KEY) or [f"ComfyUI/models/{MODELS_KEY}"])[0]
-            return f" For {name}: {cls.where_to_get(os.path.join(top, name))}."
+            target = os.path.join(top, name)
+            return f" For {name}: {cls.where_to_get(target).replace('<folder>', target)}."
     return ""
 
 

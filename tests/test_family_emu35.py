@@ -369,3 +369,29 @@ def test_check_model_knows_the_folder_and_what_it_lacks(folder, tmp_path):
     torch.save({"decoder.conv_in.weight": torch.zeros(1)}, bare / "model.ckpt")
     lines = [f.line for f in check_folder(bare).blocking()]
     assert any("only the pickle model.ckpt (never unpickled)" in line and "convert-ibq" in line for line in lines)
+
+
+def test_template_and_the_loaders_error_say_what_to_download(tmp_path, monkeypatch):
+    from conftest import ROOT
+
+    name = "SSD Emu3.5 - ar vs ssd-exact"
+    root = json.loads((ROOT / "tests" / "workflows_api" / f"{name}.json").read_text())
+    assert [n["inputs"]["model"] for n in root.values() if n["class_type"] == "SSDLoadModel"] == ["Emu3.5-Image"]
+    samplers = [n["inputs"] for n in root.values() if n["class_type"] == "SSDSampler"]
+    assert sorted(s["decoder"] for s in samplers) == ["ar", "ssd-exact"]
+    for s in samplers:  # the model's own grid and sampler defaults (example_config_t2i.py)
+        assert s["grid"] == "auto" and [s[k] for k in ("cfg", "temperature", "top_k", "top_p", "min_p")] == [-1] * 5
+    ui = json.loads((ROOT / "example_workflows" / f"{name}.json").read_text())
+    note = next(n["widgets_values"][0] for n in ui["nodes"] if n["type"] == "MarkdownNote")
+    for needed in ("ssd_models/Emu3.5-Image", "BAAI/Emu3.5-Image", "baaivision/Emu3.5", "src/tokenizer_emu3_ibq/",
+                   "emu3.tiktoken", "emu3_vision_tokens.txt", "BAAI/Emu3.5-VisionTokenizer", "convert-ibq"):
+        assert needed in note, needed
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        nodes.SSDLoadModel().load("Emu3.5-Image", "auto", "cpu")
+    line = str(err.value)
+    assert "\n" not in line and "download BAAI/Emu3.5-Image" in line and str(tmp_path / "Emu3.5-Image") in line
+    assert "emu3.tiktoken and emu3_vision_tokens.txt (baaivision/Emu3.5 src/tokenizer_emu3_ibq/ on GitHub)" in line
+    assert "BAAI/Emu3.5-VisionTokenizer's model.ckpt and config.yaml" in line
+    assert f"`python -m ssd_core convert-ibq model.ckpt config.yaml {tmp_path / 'Emu3.5-Image'}/ibq.safetensors`" in line
