@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from . import calibrate, memory, model_files, static_cache, threads
-from .decoders import DecoderParams, make_policy, picks_rows, uses_heads
+from .decoders import DecoderParams, make_policy, own_loop, picks_rows, uses_heads
 from .engine import Generation, decode_batch
 from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
@@ -84,6 +84,14 @@ def check_negative_prompt(model, negative_prompt) -> None:
     """Refuse a negative prompt for a model that would silently ignore it."""
     if negative_prompt and str(negative_prompt).strip() and not getattr(model, "negative_prompts", False):
         raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: leave it empty")
+
+
+def check_model_decoder(model, decoder: str) -> None:
+    """A decoder with a loop of its own (flashar) refuses a model of another kind, in one line naming what to do."""
+    if own_loop(decoder) and decoder not in getattr(model, "own_decoders", ()):
+        name = getattr(model, "name", getattr(model, "family", "this model"))
+        raise SSDError(f"decoder {decoder} runs on a FlashAR checkpoint (lxazjk/Emu3.5-Image-FlashAR) only, and "
+                       f"this model is {name}: pick another decoder, or load the FlashAR checkpoint")
 
 
 def prompt_switches(model, official_suffix: bool | None = None) -> dict:
@@ -187,12 +195,24 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
                 for s in seeds]
     params.for_decoder(decoder)  # an unknown decoder is refused before any work
+    check_model_decoder(model, decoder)
     check_negative_prompt(model, negative_prompt)
     switches = prompt_switches(model, official_suffix)
     layout = model.layout(grid)
     if heads is not None:
         heads.check_model(model)
     prompt_ids = [model.build_prompt(p, negative_prompt, settings[0].guided, layout.grid, **switches) for p in prompts]
+    if own_loop(decoder):  # flashar: its checkpoint's own loop, one image at a time (flashar_decode.py)
+        from . import flashar_decode
+
+        with mps_op_errors(), torch.no_grad(), threads.for_sampling(model):
+            traces = []
+            for i, (p, s) in enumerate(zip(prompt_ids, settings)):
+                step = None if on_step is None else (lambda progress, i=i: on_step(replace(progress, image=i)))
+                traces.append(flashar_decode.generate(model, p, layout.grid, s, step, should_cancel))
+                if score:  # its picture scored as every decoder's: under the checkpoint's raster distribution
+                    flashar_decode.score(model, p, layout, traces[-1], s)
+        return [Result(t.tokens, model.decode(t.tokens) if decode_pixels else None, t) for t in traces]
     choice = None
     if picks_rows(decoder, params):  # rows and heads that fit the device, measured once per model (calibrate.py)
         streams = sum(p.ids.shape[0] for p in prompt_ids)  # the batch's stream rows (cond and uncond per image)

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from .api import MAX_BATCH, generate, generate_batch
-from .decoders import (DECODERS, DRAFT_ROWS, NO_HEADS, ROWS_AT, DecoderParams, bench_variant, needs_heads, spec,
-                       uses_heads)
+from .decoders import (DECODERS, DRAFT_ROWS, ENGINE_DECODERS, NO_HEADS, ROWS_AT, DecoderParams, bench_variant,
+                       needs_heads, own_loop, spec, uses_heads)
 from .errors import SSDError, shown
 from .limits import whole_number
 from .sampling import SEEDS, check_seed
@@ -30,7 +30,7 @@ NOHEADS_DECODERS = tuple(d for d in DECODERS if uses_heads(d) and not needs_head
 class BenchOptions:
     """What to bench: decoders, images (prompt i with seed seed+i), sampler values (None = the model's)."""
 
-    decoders: tuple[str, ...] = DECODERS
+    decoders: tuple[str, ...] = ENGINE_DECODERS
     images: int = 4
     seed: int = 0
     prompt: object = None  # one prompt for every image; None: the model's classes / training prompts in turn
@@ -117,6 +117,15 @@ def check_options(o: BenchOptions) -> None:
     check_decoders(o.decoders)
 
 
+def check_own_loops(model, decoders) -> None:
+    """bench sets every decoder beside `ar` on one model: flashar (its own post-trained checkpoint, its own loop) has
+    no `ar` beside it; the README's peers table quotes its published figures instead."""
+    own = [d for d in decoders if own_loop(bench_variant(d)[0])]
+    if own and not getattr(model, "own_decoders", ()):
+        raise SSDError(f"bench decoder {own[0]} runs on a FlashAR checkpoint only (its post-trained model): the "
+                       "bundled models cannot run it; README's peers table quotes FlashAR's published figures")
+
+
 def prompts_for(model, n: int, given) -> list:
     if given is not None:
         return [given] * n
@@ -142,6 +151,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
         raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
     check_options(o)
+    check_own_loops(model, o.decoders)
     check_outputs(o)  # before the first image: a bad path never costs the run
     variants = _variants(o)
     for label, decoder, params in variants:  # a row that needs heads without them: refused before any image

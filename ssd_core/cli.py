@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .bench import MAX_IMAGES, NOHEADS_DECODERS, ROWS_DECODERS, check_decoders, check_images
-from .decoders import DECODERS, DRAFT_ROWS, PARAMS, VERIFY_ROUNDS, DecoderParams, needs_heads, spec
+from .decoders import DECODERS, DRAFT_ROWS, ENGINE_DECODERS, PARAMS, VERIFY_ROUNDS, DecoderParams, needs_heads, spec
 from .errors import SSDError
 from .images import image_extensions
 from .memory import OFFLOADS, QUANTIZATIONS
@@ -177,7 +177,7 @@ def cmd_bench(args) -> int:
 
     model, heads = _load(args)
     if args.decoders is None:  # every decoder that can run: without heads, those that need none
-        decoders = tuple(d for d in DECODERS if heads is not None or not needs_heads(d))
+        decoders = tuple(d for d in ENGINE_DECODERS if heads is not None or not needs_heads(d))
     else:
         decoders = args.decoders  # checked by validate()
     options = BenchOptions(

@@ -18,6 +18,7 @@ not a drafting policy over the base model's raster distribution.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -42,6 +43,19 @@ def captured_input(module: torch.nn.Module):
         handle.remove()
 
 
+def release_batch(prompt: Prompt, cfg: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pack's prompt rows (cond, uncond; left-padded) as Emuflashar batches them: [uncond ; cond] padded on the
+    right with the pad id (_build_cfg_text_batch), the unconditional row only with cfg > 1 (generate's use_cfg)."""
+    rows = [prompt.ids[i][prompt.mask[i]] for i in range(prompt.ids.shape[0])]
+    rows = rows[::-1] if len(rows) == 2 and cfg > 1 else rows[:1]
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, :r.numel()], mask[i, :r.numel()] = r, True
+    return ids, mask
+
+
 def diagonal(s: int, H: int, W: int) -> list[int]:
     """Raster indices of the cells with h + w == s, by row (_build_step_id's order)."""
     return [h * W + (s - h) for h in range(max(0, s - W + 1), min(H, s + 1))]
@@ -55,9 +69,8 @@ class FlashARRun:
 
         self.model, self.net = model, model.model
         dev = model.device
-        ids, mask = prompt.ids.to(dev), prompt.mask.to(dev)
-        if ids.shape[0] == 2 and not cfg > 1:  # generate(): CFG only with cfg_scale > 1.0 and an uncond row
-            ids, mask = ids[1:], mask[1:]
+        ids, mask = release_batch(prompt, cfg, model.pad_id)
+        ids, mask = ids.to(dev), mask.to(dev)
         self.guided = ids.shape[0] == 2
         self.rows, self.prefix = ids.shape
         self.pad = ~mask  # [B, P] the right padding
@@ -124,7 +137,9 @@ def generate(model, prompt: Prompt, grid, settings: SamplerSettings, on_step=Non
     """One FlashAR image -> its Trace (every cell's status "ar": a draw from the model's own distribution; its step
     the anti-diagonal's number + 1)."""
     H, W = grid
+    start = time.perf_counter()
     run = FlashARRun(model, prompt, settings.cfg)
+    prefill = time.perf_counter() - start
     V = model.image_vocab_size
     tokens = torch.full((H * W,), -1, dtype=torch.long)
     step_of = torch.zeros(H * W, dtype=torch.int32)
@@ -150,7 +165,25 @@ def generate(model, prompt: Prompt, grid, settings: SamplerSettings, on_step=Non
     if bool((tokens < 0).any()):
         raise SSDError("FlashAR left cells unwritten: the grid is too small for its schedule")
     s = settings
+    wall = time.perf_counter() - start
     return T.Trace("flashar", (H, W), tokens.view(H, W), status.view(H, W), step_of.view(H, W),
                    torch.zeros(H, W, dtype=torch.int32), H + W - 1,
                    settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
-                             "top_p": s.top_p, "min_p": s.min_p})
+                             "top_p": s.top_p, "min_p": s.min_p},
+                   timings={"wall": wall, "prefill": prefill, "policy": 0.0, "forward": wall - prefill})
+
+
+def score(model, prompt: Prompt, layout, trace: T.Trace, settings: SamplerSettings) -> None:
+    """The trace's nll / nll_full / out_of_support: its picture under the checkpoint's raster distribution (the one
+    ar samples on it, engine.sequence_nll), so that flashar's figures sit beside ar's."""
+    from .engine import sequence_nll
+
+    cells = layout.slot_of_cell
+    codes = torch.full((layout.num_slots,), -1, dtype=torch.long)
+    codes[cells] = trace.tokens.flatten()
+    ids = layout.forced.clone()
+    ids[cells] = model.code_to_id(trace.tokens.flatten()).cpu()
+    start = time.perf_counter()
+    fidelity = sequence_nll(model, prompt, layout, ids.to(model.device), codes, settings)
+    trace.nll, trace.nll_full, trace.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
+    trace.timings["score"] = time.perf_counter() - start

@@ -139,7 +139,7 @@ def test_bf16_runs_every_decoder(fp32):
     model = ssd_core.load_model("reference", dtype="bf16", device="cuda")
     heads = ssd_core.load_heads("reference", model)
     assert model.dtype == torch.bfloat16
-    for decoder in ssd_core.DECODERS:
+    for decoder in ssd_core.ENGINE_DECODERS:
         r = ssd_core.generate(model, heads, prompt=3, decoder=decoder, seed=4, grid=(8, 8), score=True)
         assert tuple(r.tokens.shape) == (8, 8), decoder
         assert 0 <= int(r.tokens.min()) and int(r.tokens.max()) < model.image_vocab_size, decoder

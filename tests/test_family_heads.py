@@ -73,5 +73,5 @@ def test_bench_plumbing(family, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     report = json.loads(out.read_text())
     rows = {r["decoder"]: r for r in report["rows"]}
-    assert set(rows) >= set(ssd_core.DECODERS) and rows["ssd-exact"]["identical_to_ar"] is True
+    assert set(rows) >= set(ssd_core.ENGINE_DECODERS) and rows["ssd-exact"]["identical_to_ar"] is True
     assert report["grid"] == [H, W]

@@ -180,3 +180,114 @@ def test_steps_are_the_anti_diagonals(fa):
     assert t.steps == H + W - 1 and t.decoder == "flashar"
     assert t.step.tolist() == [[h + w + 1 for w in range(W)] for h in range(H)]
     assert t.counts["ar"] == H * W
+
+
+# ---- through the api, the node and the CLI; what it refuses ----------------------------------------------------
+def test_loads_and_generates_through_api_node_and_cli(folder, fa, tmp_path, monkeypatch):
+    res = ssd_core.generate(fa, None, prompt="a red cat", decoder="flashar", seed=3, grid=GRID)
+    assert torch.equal(res.tokens, pack(fa, "a red cat", 5.0, seed=3, temperature=1.0).tokens)
+    assert tuple(res.image.shape) == (GRID[0] * 16, GRID[1] * 16, 3) and res.trace.steps == sum(GRID) - 1
+    seen = []
+    ssd_core.generate_batch(fa, None, prompts=["a", "b"], seeds=[1, 2], decoder="flashar", grid=GRID,
+                            decode_pixels=False, on_step=lambda p: seen.append((p.image, p.step, p.final_cells)))
+    assert [s for s in seen if s[0] == 1][-1] == (1, 9, 24) and len(seen) == 2 * 9
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(folder.parent))
+    (loaded,) = nodes.SSDLoadModel().load(folder.name, "float32", "cpu")
+    assert loaded.model.family == "emu3.5-flashar" and loaded.model.default_grid == (32, 32)
+    out = run(loaded, prompt="a red cat", decoder="flashar", seed=3, grid="4x6")
+    assert out["result"][1]["tokens"] == res.tokens.tolist()
+    trace = tmp_path / "trace.json"
+    rc = cli.main(["generate", "--model", str(folder), "--prompt", "a red cat", "--decoder", "flashar", "--seed", "3",
+                   "--grid", "4x6", "--dtype", "fp32", "--heads", "none", "--trace", str(trace),
+                   "--out", str(tmp_path / "x.png")])
+    assert rc == 0 and json.loads(trace.read_text())["tokens"] == res.tokens.tolist()
+
+
+def test_flashar_is_refused_on_other_models_and_bench_says_so(fa):
+    ref = ssd_core.load_model("reference", dtype="fp32")
+    with pytest.raises(ssd_core.SSDError, match=r"decoder flashar runs on a FlashAR checkpoint .* only"):
+        ssd_core.generate(ref, None, prompt=1, decoder="flashar")
+    from ssd_core.bench import BenchOptions, run_bench
+
+    with pytest.raises(ssd_core.SSDError, match="runs on a FlashAR checkpoint only .* the bundled models cannot run it"):
+        run_bench(ref, None, BenchOptions(decoders=("ar", "flashar"), images=1))
+    with pytest.raises(ssd_core.SSDError, match="takes no negative prompt"):
+        ssd_core.generate(fa, None, prompt="a cat", negative_prompt="blurry", decoder="flashar", grid=GRID)
+
+
+def test_the_pack_decoders_run_on_its_raster_distribution(fa, tmp_path):
+    """ar / ssd-exact / the rest on the checkpoint's raster distribution (the backbone under a causal mask, the
+    horizontal head at the cell before: FlashAR's own distillation teacher): full images, ssd-exact == ar."""
+    from tiny_families import check_every_decoder
+
+    ssd_core.DraftHeads.for_model(fa).save(tmp_path / "h.safetensors")
+    check_every_decoder(fa, ssd_core.load_heads(tmp_path / "h.safetensors", fa), "a red cat", GRID, 16)
+
+
+def _copy(folder, tmp_path, name):
+    out = tmp_path / name
+    shutil.copytree(folder, out)
+    return out
+
+
+def test_damaged_folders_are_refused_in_one_line(folder, tmp_path):
+    from released_emu35 import build_emu35_released
+
+    cases = []
+    shard = _copy(folder, tmp_path, "no-shard")
+    (shard / "model-00002-of-00002.safetensors").unlink()
+    cases.append((shard, "model-00002-of-00002.safetensors"))
+    tok = _copy(folder, tmp_path, "no-tokenizer")
+    (tok / "emu3.tiktoken").unlink()
+    cases.append((tok, r"lacks Emu3.5's tokenizer files"))
+    vq = _copy(folder, tmp_path, "no-ibq")
+    (vq / "ibq.safetensors").unlink()
+    cases.append((vq, r"has no ibq.safetensors .*convert-ibq"))
+    bare = _copy(folder, tmp_path, "no-backbone-config")
+    cfg = json.loads((bare / "config.json").read_text())
+    del cfg["backbone_config"]
+    (bare / "config.json").write_text(json.dumps(cfg))
+    cases.append((bare, r"has no backbone_config .*lxazjk/Emu3.5-Image-FlashAR"))
+    less = _copy(folder, tmp_path, "no-gate")
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((less / "model.safetensors.index.json").read_text())
+    file = index["weight_map"].pop("hv_gate_corner.bias")
+    kept = {k: v for k, v in load_file(str(less / file)).items() if k != "hv_gate_corner.bias"}
+    save_file(kept, str(less / file), metadata={"format": "pt"})
+    (less / "model.safetensors.index.json").write_text(json.dumps(index))
+    cases.append((less, r"lacks 1 tensors, e.g. 'hv_gate_corner.bias'"))
+    for bad, match in cases:
+        with pytest.raises(ssd_core.SSDError, match=match) as err:
+            ssd_core.load_model(bad, dtype="fp32")
+        assert "\n" not in str(err.value), bad.name
+    base = build_emu35_released(tmp_path / "Emu3.5-Image")
+    with pytest.raises(ssd_core.SSDError, match=r"not a emu3.5-flashar model .* load it as family 'emu3.5'"):
+        ssd_core.load_model(base, dtype="fp32", family="emu3.5-flashar")
+    with pytest.raises(ssd_core.SSDError, match=r"load it as family 'emu3.5-flashar'"):
+        ssd_core.load_model(folder, dtype="fp32", family="emu3.5")
+
+
+def test_its_raster_distribution_is_not_its_decoding_distribution(fa):
+    """How far the raster distribution (what ar and ssd-exact sample on this checkpoint) is from flashar's, per cell,
+    on the same tokens: the measurement behind docs/decoders.md's "ssd-exact on FlashAR" (tiny random weights: it
+    shows the two are different distributions, not how far apart the released model's are)."""
+    H, W = GRID
+    ours = pack(fa, "a red cat", 1.0, seed=2, temperature=1.0)
+    prompt = fa.build_prompt("a red cat", None, False, GRID)
+    ids = torch.cat([prompt.ids[0], fa.code_to_id(ours.tokens.flatten())])[None]
+    with torch.no_grad():
+        h = fa.model.backbone(input_ids=ids).last_hidden_state[0, prompt.ids.shape[1] - 1:-1]  # causal, raster
+        raster = torch.log_softmax(fa.head_logits(h).float(), -1)  # what ar draws each cell from
+        run = flashar_decode.FlashARRun(fa, prompt, 1.0)
+        fused = torch.empty(H * W, fa.image_vocab_size)
+        for s in range(H + W - 1):
+            pos = flashar_decode.diagonal(s, H, W)
+            fused[pos] = torch.log_softmax(run.logits(pos, W)[0].float(), -1)
+            run.feed(pos, ours.tokens.flatten()[pos])
+    tv = 0.5 * (raster.exp() - fused.exp()).abs().sum(-1)  # per cell
+    row0 = torch.arange(H * W) < W
+    print(f"total variation, raster vs flashar: first row {tv[row0].mean():.3f}, below it {tv[~row0].mean():.3f}")
+    # the first row: the same horizontal head on the cell before; flashar sees its own diagonal, raster only the past
+    assert tv[1:W].max() < tv[~row0].mean() and tv[~row0].mean() > 0.05

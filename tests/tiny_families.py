@@ -242,7 +242,7 @@ def check_every_decoder(model, heads, prompt_text: str, grid, pixel_factor: int,
     import ssd_core
 
     results = {}
-    for dec in ssd_core.DECODERS:
+    for dec in ssd_core.ENGINE_DECODERS:
         res = ssd_core.generate(model, heads, prompt=prompt_text, negative_prompt=negative, decoder=dec, seed=seed,
                                 grid=grid, draft_rows=2, verify_rounds=1, window=2, score=(dec == "ar"))
         H, W = grid

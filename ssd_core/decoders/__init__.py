@@ -14,7 +14,11 @@ from ..errors import SSDError, shown
 from ..limits import whole_number
 from .ar import ARPolicy
 from .exact import ExactPolicy
+from .flashar import FlashARPolicy
+from .gsd import GSDPolicy
+from .scd import Accept, SCDPolicy
 from .sjd import SJDPolicy
+from .sjd_pac import SJDPACPolicy
 from .ssd import FirstRow, Repair, SSDPolicy
 from .zipar import ZipARPolicy
 
@@ -52,7 +56,8 @@ ROWS_AT = "@"  # bench decoder suffix: that many draft rows ("ssd-exact@3", "ssd
 DRAFT_ROWS = Param(0, 8, 0, "rows drafted and verified together (ssd, ssd-exact); 0 = the decoder's default "
                             "(ssd 1; ssd-exact: rows and heads picked for the model and device, calibrate.py)")
 VERIFY_ROUNDS = Param(0, 8, 2, "correction rounds per row before it is committed (ssd)")
-WINDOW = Param(1, None, None, "sjd / zipar window (default: 16 for sjd, a third of a row for zipar)")
+WINDOW = Param(1, None, None, "the Jacobi window of sjd, scd, sjd-pac, gsd and zipar (default: 16 for sjd and gsd, "
+                              "32 for scd, 64 for sjd-pac (the tree's tokens with it), a third of a row for zipar)")
 STABLE_FIRST_ROW = Param.coded(FirstRow, FirstRow.EXACT, "ssd: decode the first row by ssd-exact's rule, the row ar "
                                "draws (2); verify the first block until a round changes nothing (1, the paper); "
                                "or like the others (0)")
@@ -63,9 +68,13 @@ REPAIR = Param.coded(Repair, Repair.REDRAW, "ssd: a committed token outside the 
                      "paper's rule)")
 
 
+ACCEPT = Param.coded(Accept, Accept.RATIO, "scd: keep a draft while u < min(1, p/q), its authors' default (1: the AR "
+                     "distribution); or while it equals the verifier's Gumbel pick (0: ar's very tokens)")
+
+
 PARAMS = {"draft_rows": DRAFT_ROWS, "verify_rounds": VERIFY_ROUNDS, "window": WINDOW,
           "stable_first_row": STABLE_FIRST_ROW, "adaptive_percent": ADAPTIVE_PERCENT,
-          "repair": REPAIR}  # every decoder parameter
+          "repair": REPAIR, "accept": ACCEPT}  # every decoder parameter
 
 
 def bench_variant(name: str) -> tuple[str, bool, int | None]:
@@ -152,9 +161,17 @@ DECODER_SPECS = {
     "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 0}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
+    # FlashAR checkpoints only (families/flashar.py); its own loop (flashar_decode.py)
+    "flashar": DecoderSpec(FlashARPolicy),
+    # peers of 2025-26 as their authors release them (docs/decoders.md, "Peers"): their windows from their repos
+    "scd": DecoderSpec(SCDPolicy, ("window", "accept"), {"window": 32}),
+    "sjd-pac": DecoderSpec(SJDPACPolicy, ("window",), {"window": 64}),
+    "gsd": DecoderSpec(GSDPolicy, ("window",), {"window": 16}),
 }
 DECODERS = tuple(DECODER_SPECS)
-HEADLESS = tuple(name for name, spec in DECODER_SPECS.items() if not spec.needs_heads)  # decoders without heads
+# the decoders of the engine's one loop, which run on every model (flashar runs on its own checkpoint only)
+ENGINE_DECODERS = tuple(name for name, s in DECODER_SPECS.items() if not getattr(s.policy, "own_loop", False))
+HEADLESS = tuple(name for name in ENGINE_DECODERS if not DECODER_SPECS[name].needs_heads)  # decoders without heads
 
 
 def spec(name: str) -> DecoderSpec:
@@ -187,6 +204,11 @@ def make_policy(name: str, params: DecoderParams | None = None, /, choice=None, 
     policy = spec(name).policy(**kwargs, **({"choice": choice} if choice is not None else {}))
     policy.params = {**kwargs, **getattr(policy, "params", {})}
     return policy
+
+
+def own_loop(name: str) -> bool:
+    """The decoder runs a loop of its own on its own kind of checkpoint (flashar), not the engine's."""
+    return bool(getattr(spec(name).policy, "own_loop", False))
 
 
 def picks_rows(name: str, params: DecoderParams) -> bool:

@@ -16,10 +16,11 @@ No pickle is read: the checkpoint is safetensors (flashar_checkpoint_utils.py sa
 weights_only=False; this loader never does). The Emu3.5 tokenizer files and ibq.safetensors go into the same
 folder as for Emu3.5-Image (families/emu35.py).
 
-The pack's own decoders need a raster distribution the checkpoint does not define well: its backbone was
-post-trained under the anti-diagonal (proximity) mask without row-end tokens, and its horizontal head at a row's
-last cell was never asked for the next row's first cell (the fusion uses the vertical head there). So only the
-`flashar` decoder runs on it (ssd_core/flashar_decode.py); docs/decoders.md says what was measured.
+Two distributions live in the checkpoint: `flashar`'s (ssd_core/flashar_decode.py), and a raster one, the
+backbone under a causal mask over the H x W codes (no row ends) with the horizontal head at the cell before: the
+"AR teacher" of FlashAR's own vertical-branch distillation (Emuflashar._compute_ar_distill_loss with
+build_t2i_causal_mask). The pack's decoders (ar, ssd-exact, ...) run on that raster one: ssd-exact keeps ar's
+tokens there; flashar's picture is another distribution (tests/test_flashar.py measures how far apart).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import torch.nn as nn
 from .. import model_files
 from ..errors import SSDError, shown
 from ..session import Layout, Prompt
+from . import common
 from .emu35 import REPO as BASE_REPO
 from .emu35 import TEMPLATE, Emu35Model, released_config
 from .emu35_tokenizer import Emu35Tokenizer
@@ -161,7 +163,7 @@ class FlashARModel(Emu35Model):
     transformers_class = ""
     name = "Emu3.5-Image-FlashAR"
     negative_prompts = False
-    decoders = ("flashar",)  # the only decoder it runs (the module docstring says why)
+    own_decoders = ("flashar",)  # decoders with a loop of their own that run on it (besides the engine's)
     extra_files = Emu35Model.extra_files
 
     @classmethod
@@ -231,20 +233,13 @@ class FlashARModel(Emu35Model):
     def build_prompt(self, prompt, negative_prompt=None, cfg: bool = True, grid=None) -> Prompt:
         """tools/generate_geneval_flashar.py make_prefix: the T2I template + `<|image start|>{h}*{w}<|image
         token|>`; the unconditional row is the same template with an empty prompt (not Emu3.5's own unc_prompt).
-        Emuflashar._build_cfg_text_batch pads on the right (the rows keep their own start)."""
+        The pack's layout (cond, uncond; left-padded): flashar_decode.py batches them as the release does."""
         if negative_prompt:
             raise SSDError("Emu3.5-Image-FlashAR takes no negative prompt (its unconditional row is its template "
                            "with an empty prompt): clear it")
         grid = self.check_grid(grid)
-        rows = [self.text_ids(TEMPLATE, prompt, grid)]
-        if cfg:
-            rows.insert(0, self.text_ids(TEMPLATE, "", grid))  # [uncond, cond], as the release batches them
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), int(self.pad_id), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, :len(r)] = True
+        rows = [self.text_ids(TEMPLATE, prompt, grid)] + ([self.text_ids(TEMPLATE, "", grid)] if cfg else [])
+        ids, mask = common.left_pad(rows, self.pad_id)
         return Prompt(ids, mask)
 
 
