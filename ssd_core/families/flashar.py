@@ -42,9 +42,6 @@ from .emu35_tokenizer import Emu35Tokenizer
 REPO = "lxazjk/Emu3.5-Image-FlashAR"
 CODE_REPO = "lxazjk/Emu3.5-FlashAR"
 UPSTREAM_GRID = (32, 32)  # its README and HF card: "the default 32 x 32 visual-token grid" (512 px)
-# tensor names of the wrapper besides backbone.* and vertical_block.*
-HEAD_TENSORS = ("horizontal_head.weight", "vertical_head.weight", "vertical_norm.weight", "hv_gate_mlp.0.weight",
-                "hv_gate_mlp.2.weight", "hv_gate_mlp.2.bias", "hv_gate_corner.weight", "hv_gate_corner.bias")
 
 
 class FlashARNet(nn.Module):
@@ -59,13 +56,17 @@ class FlashARNet(nn.Module):
         self.vertical_start_layer = int(vertical_start_layer)
         self.backbone = Qwen3Model(backbone_config)
         self.horizontal_head = nn.Linear(d, vocab, bias=False)
-        # the vertical block as a Qwen3Model of its own: its layers are vertical_block.K, its final norm is
-        # vertical_norm, its embedding (one row, never read) stands outside the checkpoint
+        # the vertical block runs as a Qwen3Model of its own (fed hidden states, with a cache of its own): its layers
+        # are registered as vertical_block.K and its final norm as vertical_norm, the checkpoint's names; the model
+        # itself is not a submodule (its rotary buffers follow through _apply; it has no embedding)
         vcfg = copy.deepcopy(backbone_config)
         vcfg.num_hidden_layers, vcfg.vocab_size, vcfg.pad_token_id = int(vertical_layers), 1, None
         if getattr(vcfg, "layer_types", None) is not None:
             vcfg.layer_types = list(vcfg.layer_types[:int(vertical_layers)])
-        self.vertical = Qwen3Model(vcfg)
+        vertical = Qwen3Model(vcfg)
+        vertical.embed_tokens = None  # fed inputs_embeds only
+        self.vertical_block, self.vertical_norm = vertical.layers, vertical.norm
+        object.__setattr__(self, "vertical", vertical)
         self.vertical_head = nn.Linear(d, vocab, bias=False)
         gate = max(64, d // 8)  # Emuflashar.__init__: gate_proj_dim
         self.hv_gate_mlp = nn.Sequential(nn.Linear(2 * d, gate, bias=False), nn.SiLU(), nn.Linear(gate, 1, bias=True))
@@ -74,16 +75,14 @@ class FlashARNet(nn.Module):
     def get_input_embeddings(self):
         return self.backbone.embed_tokens
 
-    @staticmethod
-    def released_name(name: str) -> str | None:
-        """Our parameter name -> the checkpoint's (None: not in it)."""
-        if name.startswith("vertical.layers."):
-            return "vertical_block." + name[len("vertical.layers."):]
-        if name == "vertical.norm.weight":
-            return "vertical_norm.weight"
-        if name.startswith("vertical."):
-            return None  # the vertical Qwen3Model's unused embedding
-        return name
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        self.vertical.rotary_emb._apply(fn, *args, **kwargs)
+        return self
+
+    def train(self, mode: bool = True):
+        self.vertical.training = mode
+        return super().train(mode)
 
 
 def read_flashar_config(folder) -> dict:
@@ -116,11 +115,7 @@ def load_state(net: FlashARNet, folder: Path, dtype: torch.dtype) -> None:
     of its shape, and nothing else (a check as strict as the release's load_state_dict(strict=True))."""
     from safetensors import safe_open
 
-    wanted = {}
-    for name, p in list(net.named_parameters()) + list(net.named_buffers()):
-        released = FlashARNet.released_name(name)
-        if released is not None and not name.endswith("inv_freq"):
-            wanted[released] = (name, tuple(p.shape))
+    wanted = {name: (name, tuple(t.shape)) for name, t in net.state_dict().items() if not name.endswith("inv_freq")}
     state, extra = {}, []
     for path in model_files.check_weights(folder):
         with safe_open(str(path), framework="pt") as f:
@@ -142,17 +137,12 @@ def load_state(net: FlashARNet, folder: Path, dtype: torch.dtype) -> None:
         raise SSDError(f"the FlashAR checkpoint in {folder} {what}: the download is incomplete or it is another "
                        f"model; download {REPO} again")
     net.load_state_dict(state, strict=False, assign=True)
-    for module in net.modules():  # the rotary inv_freq buffers, which no checkpoint holds: made anew on the CPU
+    for module in [*net.modules(), net.vertical.rotary_emb]:  # rotary inv_freq: in no checkpoint, made anew
         if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
             fresh = type(module)(config=module.config)
             module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
             if hasattr(module, "original_inv_freq"):
                 module.original_inv_freq = fresh.inv_freq
-    leftover = [n for n, t in list(net.named_parameters()) + list(net.named_buffers()) if t.is_meta]
-    for name in leftover:  # the vertical Qwen3Model's unused one-row embedding
-        module_name, _, attr = name.rpartition(".")
-        module = net.get_submodule(module_name)
-        setattr(module, attr, nn.Parameter(torch.zeros(getattr(module, attr).shape, dtype=dtype), requires_grad=False))
 
 
 class FlashARModel(Emu35Model):
