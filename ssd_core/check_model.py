@@ -29,7 +29,7 @@ from .errors import SSDError, shown
 from .memory import KEEP_FULL, RESERVE_BYTES
 
 LEVELS = ("ok", "missing", "error")
-BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2", "emu3.5")  # the families whose files this check knows
+BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2", "emu3.5", "emu3.5-flashar")  # the families whose files this check knows
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 GIB = 2**30
 WIDTH = 118  # the report's lines: one screen of a wide terminal
@@ -216,6 +216,8 @@ def meta_model(folder: Path, family: str, config: dict):
     from .families import family_class
 
     cls = family_class(family)
+    if hasattr(cls, "meta_net"):  # a family read by a module of its own (FlashAR's wrapper), not a transformers class
+        return cls.meta_net(folder, config), getattr(cls, "layout_note", "")
     model_cls, note = family_model_class(cls, folder, config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -380,7 +382,7 @@ def _shapes(model, tensors: dict, unseen: set, family: str, cls, config: dict, r
 
 # ---- the family's other files -------------------------------------------------------------------------------
 def _tokenizer(folder: Path, family: str, cls, report: Report) -> None:
-    if family == "emu3.5":  # its own files (baaivision/Emu3.5 src/tokenizer_emu3_ibq), not a transformers tokenizer
+    if family in ("emu3.5", "emu3.5-flashar"):  # baaivision/Emu3.5 src/tokenizer_emu3_ibq, not a transformers one
         from .families.emu35 import TOKENIZER_FIX
         from .families.emu35_tokenizer import FILES, tokenizer_folder
 
@@ -429,7 +431,7 @@ def _extras(folder: Path, family: str, config: dict, report: Report) -> None:
                 report.add("ok", "vq", f"movqgan.safetensors: {cfg.n_embed} codes, {cfg.factor} px a code")
             except SSDError as err:
                 report.add("error", "vq", str(err))
-    elif family == "emu3.5":
+    elif family in ("emu3.5", "emu3.5-flashar"):
         from .pixel_decoders.ibq import CONVERT_FIX, IBQDecoder, find_ibq, pickled_checkpoints
 
         found, fix = find_ibq(folder), CONVERT_FIX.format(folder=folder)
@@ -536,8 +538,11 @@ def free_memory() -> dict:
 
 
 def _memory(model, family: str, report: Report) -> None:
+    from .families import family_class
+
     report.params = sum(p.numel() for p in model.parameters())
-    report.memory = {q: weights_bytes(model, q, family) for q in ("bf16", "fp16", "fp32", "8-bit", "4-bit")}
+    kinds = ("bf16", "fp16", "fp32") + (("8-bit", "4-bit") if getattr(family_class(family), "quantizable", True) else ())
+    report.memory = {q: weights_bytes(model, q, family) for q in kinds}
     report.free = free_memory()
 
 

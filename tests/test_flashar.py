@@ -291,3 +291,17 @@ def test_its_raster_distribution_is_not_its_decoding_distribution(fa):
     print(f"total variation, raster vs flashar: first row {tv[row0].mean():.3f}, below it {tv[~row0].mean():.3f}")
     # the first row: the same horizontal head on the cell before; flashar sees its own diagonal, raster only the past
     assert tv[1:W].max() < tv[~row0].mean() and tv[~row0].mean() > 0.05
+
+
+def test_check_model_knows_the_checkpoint_and_what_it_lacks(folder, tmp_path):
+    from ssd_core.check_model import check_folder
+
+    report = check_folder(folder)
+    assert report.family == "emu3.5-flashar" and report.loadable, [f.line for f in report.blocking()]
+    assert any(f.topic == "shapes" and f.level == "ok" and "all 65 tensors" in f.line for f in report.findings)
+    assert set(report.memory) == {"bf16", "fp16", "fp32"}  # no 8-bit / 4-bit rows: it loads unquantized
+    bare = _copy(folder, tmp_path, "bare")
+    (bare / "ibq.safetensors").unlink()
+    (bare / "emu3_vision_tokens.txt").unlink()
+    lines = [f.line for f in check_folder(bare).blocking()]
+    assert any("convert-ibq" in line for line in lines) and any("tokenizer_emu3_ibq" in line for line in lines)

@@ -146,6 +146,7 @@ def load_state(net: FlashARNet, folder: Path, dtype: torch.dtype) -> None:
 
 
 class FlashARModel(Emu35Model):
+    layout_note = "Emuflashar's wrapper (backbone, heads, vertical block, gates) under its own names"
     family = "emu3.5-flashar"
     repo_ids = (REPO,)
     model_types = ("emu3_flashar",)  # checkpoint_utils.py _write_hf_checkpoint_dir
@@ -154,6 +155,7 @@ class FlashARModel(Emu35Model):
     name = "Emu3.5-Image-FlashAR"
     negative_prompts = False
     own_decoders = ("flashar",)  # decoders with a loop of their own that run on it (besides the engine's)
+    quantizable = False  # this version loads it unquantized on one device (load() says so)
     extra_files = Emu35Model.extra_files
 
     @classmethod
@@ -165,8 +167,11 @@ class FlashARModel(Emu35Model):
         raise SSDError("FlashAR checkpoints are read by families/flashar.py, not by a transformers class")
 
     @classmethod
-    def transformers_config(cls, folder, config: dict):
-        return released_config(config.get("backbone_config") or {})
+    def meta_net(cls, folder, config: dict) -> FlashARNet:
+        """check-model's build of what config.json describes, on the meta device (the checkpoint's names)."""
+        if not isinstance(config.get("backbone_config"), dict):
+            raise SSDError(f"config.json has no backbone_config: re-download it from {REPO}")
+        return build_net(config)
 
     def __init__(self, net: FlashARNet, tokenizer=None, folder: Path | None = None, ibq=None, grid=None,
                  visual_offset: int | None = None):
