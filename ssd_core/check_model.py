@@ -538,11 +538,8 @@ def free_memory() -> dict:
 
 
 def _memory(model, family: str, report: Report) -> None:
-    from .families import family_class
-
     report.params = sum(p.numel() for p in model.parameters())
-    kinds = ("bf16", "fp16", "fp32") + (("8-bit", "4-bit") if getattr(family_class(family), "quantizable", True) else ())
-    report.memory = {q: weights_bytes(model, q, family) for q in kinds}
+    report.memory = {q: weights_bytes(model, q, family) for q in ("bf16", "fp16", "fp32", "8-bit", "4-bit")}
     report.free = free_memory()
 
 

@@ -89,7 +89,9 @@ class FlashARRun:
         self.fed = 0  # image tokens in the caches
 
     def image_logits(self, head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        return self.model.rows_logits(x, head, self.model.image_ids)  # the code rows: a view of the head
+        """Logits over the codes of one of the two heads (its rows of the vocabulary, FlashARModel.head_rows)."""
+        which = "horizontal" if head is self.net.horizontal_head else "vertical"
+        return self.model.head_rows[which](x, head)
 
     def logits(self, pos: list[int], W: int) -> torch.Tensor:
         """[B, n, V_img] fused logits of the cells `pos` (_compute_step_logits_from_prev)."""

@@ -31,6 +31,8 @@ KEEP_FULL = {
     "lumina": ["lm_head", "model.vqmodel"],
     "lumina2": ["lm_head", "model.vqmodel"],  # pixels: movqgan.safetensors, outside the model
     "emu3.5": ["lm_head"],  # its image rows are sliced; pixels: ibq.safetensors, outside the model
+    # both heads' image rows are sliced; the gates weigh every cell's two predictions
+    "emu3.5-flashar": ["horizontal_head", "vertical_head", "hv_gate_mlp", "hv_gate_corner"],
 }
 RESERVE_BYTES = 2 * 2**30  # VRAM left free under offload for the KV cache and activations
 MIN_BNB_CPU = (0, 50)  # bitsandbytes runs 8-bit and 4-bit on the CPU too from here on (0.50.2 tested)

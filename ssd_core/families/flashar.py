@@ -25,6 +25,7 @@ tokens there; flashar's picture is another distribution (tests/test_flashar.py m
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from pathlib import Path
 
@@ -32,11 +33,12 @@ import torch
 import torch.nn as nn
 
 from .. import model_files
-from ..errors import SSDError, shown
+from ..errors import SSDError
 from ..session import Layout, Prompt
 from . import common
 from .emu35 import REPO as BASE_REPO
 from .emu35 import TEMPLATE, Emu35Model, released_config
+from .base import ImageRowsHead
 from .emu35_tokenizer import Emu35Tokenizer
 
 REPO = "lxazjk/Emu3.5-Image-FlashAR"
@@ -44,45 +46,68 @@ CODE_REPO = "lxazjk/Emu3.5-FlashAR"
 UPSTREAM_GRID = (32, 32)  # its README and HF card: "the default 32 x 32 visual-token grid" (512 px)
 
 
-class FlashARNet(nn.Module):
-    """Emuflashar's modules under its state-dict names, on transformers' Qwen3 layers (families/emu35.py)."""
+@functools.cache
+def net_class():
+    """FlashARNet: Emuflashar's modules under its state-dict names on transformers' Qwen3 layers, as a transformers
+    PreTrainedModel, so that from_pretrained reads the released shards as they are, with the pack's dtype,
+    quantization (bitsandbytes) and offload (accelerate) choices and its strict name check (model_files)."""
+    from transformers import PreTrainedModel, Qwen3Config, Qwen3Model
 
-    def __init__(self, backbone_config, vertical_layers: int, vertical_start_layer: int):
-        from transformers import Qwen3Model
+    class FlashARNet(PreTrainedModel):
+        config_class = Qwen3Config
+        _no_split_modules = ["Qwen3DecoderLayer"]
+        _supports_sdpa = True
+        layout_note = "Emuflashar's wrapper (backbone, heads, vertical block, gates) under its own names"
 
-        super().__init__()
-        d, vocab = int(backbone_config.hidden_size), int(backbone_config.vocab_size)
-        self.config = backbone_config
-        self.vertical_start_layer = int(vertical_start_layer)
-        self.backbone = Qwen3Model(backbone_config)
-        self.horizontal_head = nn.Linear(d, vocab, bias=False)
-        # the vertical block runs as a Qwen3Model of its own (fed hidden states, with a cache of its own): its layers
-        # are registered as vertical_block.K and its final norm as vertical_norm, the checkpoint's names; the model
-        # itself is not a submodule (its rotary buffers follow through _apply; it has no embedding)
-        vcfg = copy.deepcopy(backbone_config)
-        vcfg.num_hidden_layers, vcfg.vocab_size, vcfg.pad_token_id = int(vertical_layers), 1, None
-        if getattr(vcfg, "layer_types", None) is not None:
-            vcfg.layer_types = list(vcfg.layer_types[:int(vertical_layers)])
-        vertical = Qwen3Model(vcfg)
-        vertical.embed_tokens = None  # fed inputs_embeds only
-        self.vertical_block, self.vertical_norm = vertical.layers, vertical.norm
-        object.__setattr__(self, "vertical", vertical)
-        self.vertical_head = nn.Linear(d, vocab, bias=False)
-        gate = max(64, d // 8)  # Emuflashar.__init__: gate_proj_dim
-        self.hv_gate_mlp = nn.Sequential(nn.Linear(2 * d, gate, bias=False), nn.SiLU(), nn.Linear(gate, 1, bias=True))
-        self.hv_gate_corner = nn.Linear(d, 1, bias=True)
+        def __init__(self, config):
+            super().__init__(config)
+            d, vocab = int(config.hidden_size), int(config.vocab_size)
+            layers = int(config.flashar_vertical_layers)
+            self.vertical_start_layer = int(config.flashar_vertical_start_layer)
+            self.backbone = Qwen3Model(config)
+            self.horizontal_head = nn.Linear(d, vocab, bias=False)
+            # the vertical block runs as a Qwen3Model of its own (fed hidden states, with a cache of its own): its
+            # layers, final norm and rotary table are registered under the checkpoint's names (vertical_block.K,
+            # vertical_norm; the rotary buffers are in no checkpoint); the model itself is not a submodule
+            vcfg = copy.deepcopy(config)
+            vcfg.num_hidden_layers, vcfg.vocab_size, vcfg.pad_token_id = layers, 1, None
+            if getattr(vcfg, "layer_types", None) is not None:
+                vcfg.layer_types = list(vcfg.layer_types[:layers])
+            vertical = Qwen3Model(vcfg)
+            vertical.embed_tokens = None  # fed inputs_embeds only
+            self.vertical_block, self.vertical_norm, self.vertical_rotary = vertical.layers, vertical.norm, \
+                vertical.rotary_emb
+            object.__setattr__(self, "vertical", vertical)
+            self.vertical_head = nn.Linear(d, vocab, bias=False)
+            gate = max(64, d // 8)  # Emuflashar.__init__: gate_proj_dim
+            self.hv_gate_mlp = nn.Sequential(nn.Linear(2 * d, gate, bias=False), nn.SiLU(),
+                                             nn.Linear(gate, 1, bias=True))
+            self.hv_gate_corner = nn.Linear(d, 1, bias=True)
+            self.post_init()
 
-    def get_input_embeddings(self):
-        return self.backbone.embed_tokens
+        def get_input_embeddings(self):
+            return self.backbone.embed_tokens
 
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
-        self.vertical.rotary_emb._apply(fn, *args, **kwargs)
-        return self
+        def train(self, mode: bool = True):
+            self.vertical.training = mode
+            return super().train(mode)
 
-    def train(self, mode: bool = True):
-        self.vertical.training = mode
-        return super().train(mode)
+    return FlashARNet
+
+
+def net_config(cfg: dict):
+    """The Qwen3Config of a FlashAR config.json (its backbone_config), with where the vertical block sits."""
+    config = released_config(cfg["backbone_config"])
+    layers = int(cfg.get("vertical_layers") or 1)
+    start = int(cfg.get("vertical_start_layer", -1))
+    if start < 0:  # Emuflashar.__init__: the last `vertical_layers` layers
+        start = int(config.num_hidden_layers) - layers
+    if not 0 <= start <= int(config.num_hidden_layers) - layers:
+        raise SSDError(f"FlashAR config.json: vertical_start_layer {start} + vertical_layers {layers} exceeds the "
+                       f"backbone's {config.num_hidden_layers} layers: re-download config.json from {REPO}")
+    config.flashar_vertical_layers, config.flashar_vertical_start_layer = layers, start
+    config.architectures = ["Emuflashar"]
+    return config
 
 
 def read_flashar_config(folder) -> dict:
@@ -97,52 +122,10 @@ def read_flashar_config(folder) -> dict:
     return cfg
 
 
-def build_net(cfg: dict, device="meta") -> FlashARNet:
-    backbone = released_config(cfg["backbone_config"])
-    layers = int(cfg.get("vertical_layers") or 1)
-    start = int(cfg.get("vertical_start_layer", -1))
-    if start < 0:  # Emuflashar.__init__: the last `vertical_layers` layers
-        start = int(backbone.num_hidden_layers) - layers
-    if not 0 <= start <= int(backbone.num_hidden_layers) - layers:
-        raise SSDError(f"FlashAR config.json: vertical_start_layer {start} + vertical_layers {layers} exceeds the "
-                       f"backbone's {backbone.num_hidden_layers} layers: re-download config.json from {REPO}")
+def build_net(cfg: dict, device="meta"):
+    """The wrapper of a FlashAR config.json with random (or, on the meta device, no) weights."""
     with torch.device(device):
-        return FlashARNet(backbone, layers, start)
-
-
-def load_state(net: FlashARNet, folder: Path, dtype: torch.dtype) -> None:
-    """The checkpoint's tensors into `net` (built on the meta device): every tensor the wrapper has must be there,
-    of its shape, and nothing else (a check as strict as the release's load_state_dict(strict=True))."""
-    from safetensors import safe_open
-
-    wanted = {name: (name, tuple(t.shape)) for name, t in net.state_dict().items() if not name.endswith("inv_freq")}
-    state, extra = {}, []
-    for path in model_files.check_weights(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                if key not in wanted:
-                    extra.append(key)
-                    continue
-                name, shape = wanted[key]
-                t = f.get_tensor(key)
-                if tuple(t.shape) != shape:
-                    raise SSDError(f"{path.name} holds {shown(key)} of shape {tuple(t.shape)} where config.json's "
-                                   f"FlashAR model wants {shape}: re-download the checkpoint and its config.json "
-                                   f"from {REPO}")
-                state[name] = t.to(dtype)
-    missing = [k for k, (name, _) in wanted.items() if name not in state]
-    if missing or extra:
-        what = f"lacks {len(missing)} tensors, e.g. {shown(missing[0])}" if missing else \
-            f"holds {len(extra)} tensors the FlashAR wrapper does not have, e.g. {shown(extra[0])}"
-        raise SSDError(f"the FlashAR checkpoint in {folder} {what}: the download is incomplete or it is another "
-                       f"model; download {REPO} again")
-    net.load_state_dict(state, strict=False, assign=True)
-    for module in [*net.modules(), net.vertical.rotary_emb]:  # rotary inv_freq: in no checkpoint, made anew
-        if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
-            fresh = type(module)(config=module.config)
-            module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
-            if hasattr(module, "original_inv_freq"):
-                module.original_inv_freq = fresh.inv_freq
+        return net_class()(net_config(cfg))
 
 
 class FlashARModel(Emu35Model):
@@ -155,7 +138,6 @@ class FlashARModel(Emu35Model):
     name = "Emu3.5-Image-FlashAR"
     negative_prompts = False
     own_decoders = ("flashar",)  # decoders with a loop of their own that run on it (besides the engine's)
-    quantizable = False  # this version loads it unquantized on one device (load() says so)
     extra_files = Emu35Model.extra_files
 
     @classmethod
@@ -167,18 +149,20 @@ class FlashARModel(Emu35Model):
         raise SSDError("FlashAR checkpoints are read by families/flashar.py, not by a transformers class")
 
     @classmethod
-    def meta_net(cls, folder, config: dict) -> FlashARNet:
+    def meta_net(cls, folder, config: dict):
         """check-model's build of what config.json describes, on the meta device (the checkpoint's names)."""
         if not isinstance(config.get("backbone_config"), dict):
             raise SSDError(f"config.json has no backbone_config: re-download it from {REPO}")
         return build_net(config)
 
-    def __init__(self, net: FlashARNet, tokenizer=None, folder: Path | None = None, ibq=None, grid=None,
+    def __init__(self, net, tokenizer=None, folder: Path | None = None, ibq=None, grid=None,
                  visual_offset: int | None = None):
         super().__init__(_Config(net), tokenizer, folder, ibq=ibq, grid=grid or UPSTREAM_GRID)
         self.model = net.eval()
         self.visual_offset = int(visual_offset if visual_offset is not None else self.image_ids[0])
         self.image_ids = torch.arange(self.visual_offset, self.visual_offset + self.image_vocab_size)
+        # the code rows of each head: views, or under offload loaded once each (families/base.py)
+        self.head_rows = {"horizontal": ImageRowsHead(self.image_ids), "vertical": ImageRowsHead(self.image_ids)}
         # its README / HF card: CFG 5.0 for the released checkpoint; generate_flashar.py: top_k 0, top_p 1,
         # temperature 1 (tools/generate_geneval_flashar.py, which made the published GenEval figures, the same)
         self.defaults = {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
@@ -187,11 +171,6 @@ class FlashARModel(Emu35Model):
     def load(cls, folder, dtype=None, device="cpu", download=None, ibq=None, **kwargs):
         from ..pixel_decoders import ibq as ibq_module
 
-        options = {k: kwargs.pop(k) for k in ("grid",) if k in kwargs}
-        for key in ("quantization_config", "device_map", "max_memory"):
-            if kwargs.get(key) is not None:
-                raise SSDError("Emu3.5-Image-FlashAR loads unquantized on one device in this version: choose "
-                               "quantization none and offload none")
         folder = cls.ensure_folder(folder, download)
         cfg = read_flashar_config(folder)
         tokenizer = Emu35Tokenizer.from_folder(folder)
@@ -203,12 +182,13 @@ class FlashARModel(Emu35Model):
             model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file")
             ibq_module.IBQDecoder.check_file(found)
             ibq = found
-        net = build_net(cfg)
-        load_state(net, Path(folder), dtype or torch.float32)
-        net = net.to(device)
+        options = {k: kwargs.pop(k) for k in ("grid",) if k in kwargs}
+        # config.json is FlashAR's (model_type "emu3_flashar", which no transformers class reads): the config
+        # comes from its backbone_config
+        net = model_files.load_pretrained(net_class(), folder, dtype, device, config=net_config(cfg), **kwargs)
         return cls(net, tokenizer, Path(folder), ibq=ibq, visual_offset=cfg.get("visual_token_offset"), **options)
 
-    # ---- the contract: the raster parts are refused, the grid has no row ends -----------------------------
+    # ---- the contract: the raster distribution (the horizontal head), a grid without row ends -----------------
     def backbone(self):
         return self.model.backbone
 
@@ -216,7 +196,7 @@ class FlashARModel(Emu35Model):
         return self.model.backbone.norm
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return self.rows_logits(normed, self.model.horizontal_head, self.image_ids)
+        return self.head_rows["horizontal"](normed, self.model.horizontal_head)
 
     def sequence_length(self, grid) -> int:
         H, W = grid
@@ -241,10 +221,10 @@ class FlashARModel(Emu35Model):
 class _Config(nn.Module):
     """What Emu35Model.__init__ reads of a model (its config) before the FlashAR net takes its place."""
 
-    def __init__(self, net: FlashARNet):
+    def __init__(self, net: nn.Module):
         super().__init__()
         self.config = net.config
         self.generation_config = None
 
 
-__all__ = ["FlashARModel", "FlashARNet", "build_net", "load_state", "read_flashar_config"]
+__all__ = ["FlashARModel", "build_net", "net_class", "net_config", "read_flashar_config"]
