@@ -146,8 +146,9 @@ def _row_call(heads, o: BenchOptions, label: str, decoder: str, params: DecoderP
                      "min_p": o.min_p, "grid": o.grid}
 
 
-def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
-    """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar)."""
+def run_bench(model, heads, o: BenchOptions, log=print, on_step=None, keep: dict | None = None) -> dict:
+    """on_step(image index, row label, trace.Progress) after every step (the demo's progress bar); keep: a dict
+    that receives the runs ("results": {label: [Result]}) and their "prompts" (the difficulty sweep reads them)."""
     if int(o.batch) != o.batch or not 0 <= o.batch <= MAX_BATCH:
         raise SSDError(f"--batch must be a whole number from 0 (off) to {MAX_BATCH}, got {o.batch}")
     check_options(o)
@@ -160,6 +161,8 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None) -> dict:
     seeds = [(o.seed + i) % SEEDS for i in range(o.images)]  # wrapped past 2^64 - 1, as generate_batch's
     stick = for_model(model)  # the image-quality yardstick (class accuracy, FD), bundled model only
     results = run_singles(model, heads, o, variants, prompts, seeds, bool(o.out_dir) or stick is not None, log, on_step)
+    if keep is not None:
+        keep.update(results=results, prompts=prompts)
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
     rows = [row_figures(label, decoder, results[label], results["ar"], batched and batched[label]["results"],
                         step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]))

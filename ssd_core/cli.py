@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .bench import MAX_IMAGES, NOHEADS_DECODERS, ROWS_DECODERS, check_decoders, check_images
@@ -191,6 +192,13 @@ def cmd_bench(args) -> int:
         plot=args.plot,
         verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
         batch=args.batch)
+    if args.difficulty:  # every decoder at several sampler settings, with how certain ar's tokens were
+        from . import difficulty
+
+        result = difficulty.sweep(model, heads, replace(options, plot=None, json=None), args.temperatures,
+                                  args.weak_cfg)
+        difficulty.write(result, args.json, args.plot)
+        return 0
     run_bench(model, heads, options)
     return 0
 
@@ -278,6 +286,16 @@ def _train_parser(sub) -> None:
     t.set_defaults(func=cmd_train)
 
 
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. 0.8,1.0,1.3") from None
+    if not values or not all(0 < v <= 10 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give temperatures above 0 and at most 10, e.g. 0.8,1.0,1.3")
+    return values
+
+
 def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="every decoder on the same prompts and seeds")
     _sampler_flags(b)
@@ -299,6 +317,13 @@ def _bench_parser(sub) -> None:
     b.add_argument("--out-dir", default=None, help="write sample and status PNGs here")
     b.add_argument("--batch", type=int, default=0, help="also run the images in batches of N (images/s batched "
                    "vs one at a time, and identical_to_ar over both)")
+    b.add_argument("--difficulty", action="store_true", help="the difficulty curve: the bench at each of "
+                   "--temperatures (and a weaker cfg), with the mean top-1 probability and entropy of ar's tokens "
+                   "beside each; --json and --plot (step ratio against that probability) take the sweep")
+    b.add_argument("--temperatures", type=_float_list, default=(0.8, 1.0, 1.3, 1.6),
+                   help="--difficulty's temperatures, comma list (default 0.8,1.0,1.3,1.6)")
+    b.add_argument("--weak-cfg", type=float, default=None, help="--difficulty's weaker cfg, at temperature 1 "
+                   "(default: half way from the model's cfg to 1)")
     b.set_defaults(func=cmd_bench)
 
 
