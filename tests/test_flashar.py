@@ -305,3 +305,35 @@ def test_check_model_knows_the_checkpoint_and_what_it_lacks(folder, tmp_path):
     (bare / "emu3_vision_tokens.txt").unlink()
     lines = [f.line for f in check_folder(bare).blocking()]
     assert any("convert-ibq" in line for line in lines) and any("tokenizer_emu3_ibq" in line for line in lines)
+
+
+# ---- fitting it on users' cards; the loader's words; the template; the widget ---------------------------------
+def test_memory_row_counts_the_released_wrapper():
+    """The weights of the released checkpoint at its real sizes, counted on the meta device (tools/memory_table.py:
+    config.json in the released layout, Emu3.5-Image's backbone, 2 vertical layers, start -1 = the last two),
+    against the formula of the wrapper's modules; the row docs/models-and-memory.md and the README show."""
+    from conftest import ROOT
+    from ssd_core.families.flashar import build_net
+    from tools.memory_table import released_config, released_counts
+
+    d, vocab, layers, ffn, heads, kv_heads, head_dim = 5120, 282926, 64, 27648, 40, 8, 128
+    layer = (d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d + 2 * head_dim  # attention
+             + 3 * d * ffn + 2 * d)  # MLP, the two norms
+    gate = max(64, d // 8)  # Emuflashar.__init__: gate_proj_dim
+    expected = {"backbone": vocab * d + layers * layer + d,  # embed_tokens, the layers, norm; no lm_head
+                "horizontal_head": vocab * d, "vertical_head": vocab * d, "vertical_block": 2 * layer,
+                "vertical_norm": d, "hv_gate_mlp": 2 * d * gate + gate + 1, "hv_gate_corner": d + 1}
+    c = released_counts("Emu3.5-Image-FlashAR")
+    assert c["parts"] == expected and c["params"] == sum(expected.values()) == 36_533_803_138
+    # Emu3.5-Image less its lm_head, plus the second head, the vertical block, its norm and the gates
+    base = released_counts("Emu3.5-Image")["params"]
+    assert c["params"] - base == vocab * d + 2 * layer + d + expected["hv_gate_mlp"] + expected["hv_gate_corner"]
+    assert build_net(released_config("Emu3.5-Image-FlashAR")).vertical_start_layer == 62
+    assert round(c["none"], 1) == 68.0 and round(2 * c["params"] / 1e9, 1) == 73.1  # GiB; GB
+    # 8-bit and 4-bit keep embed_tokens, both heads and the gates in bf16 (memory.KEEP_FULL): 8.1 GiB of them
+    kept = 2 * (3 * vocab * d + expected["hv_gate_mlp"] + expected["hv_gate_corner"])
+    assert round(kept / 2**30, 1) == 8.1 and kept / 2**30 < c["4-bit"] < c["8-bit"] < c["none"]
+    row = f"| {c['none']:.1f} GiB | {c['8-bit']:.1f} GiB | {c['4-bit']:.1f} GiB |"
+    assert row == "| 68.0 GiB | 38.1 GiB | 23.6 GiB |"
+    assert f"| Emu3.5-Image-FlashAR | 36.53 B {row}" in (ROOT / "docs" / "models-and-memory.md").read_text()
+    assert row in (ROOT / "README.md").read_text().split("| Emu3.5-Image-FlashAR |")[1].splitlines()[0]
