@@ -337,3 +337,49 @@ def test_memory_row_counts_the_released_wrapper():
     assert row == "| 68.0 GiB | 38.1 GiB | 23.6 GiB |"
     assert f"| Emu3.5-Image-FlashAR | 36.53 B {row}" in (ROOT / "docs" / "models-and-memory.md").read_text()
     assert row in (ROOT / "README.md").read_text().split("| Emu3.5-Image-FlashAR |")[1].splitlines()[0]
+
+
+def test_template_and_the_loaders_error_say_what_to_download(folder, tmp_path, monkeypatch):
+    """The template "SSD Emu3.5 FlashAR - flashar vs ssd-exact": flashar and ssd-exact on one loaded
+    Emu3.5-Image-FlashAR at the model's defaults (grid auto: 32x32), its note and the loader's error on a missing
+    folder saying what to download; its flashar sampler run through the nodes on the tiny checkpoint."""
+    from conftest import ROOT
+
+    name = "SSD Emu3.5 FlashAR - flashar vs ssd-exact"
+    root = json.loads((ROOT / "tests" / "workflows_api" / f"{name}.json").read_text())
+    (load,) = [n["inputs"] for n in root.values() if n["class_type"] == "SSDLoadModel"]
+    assert load["model"] == "Emu3.5-Image-FlashAR" and (load["quantization"], load["offload"]) == ("none", "none")
+    samplers = {n["inputs"]["decoder"]: (nid, n["inputs"]) for nid, n in root.items() if n["class_type"] == "SSDSampler"}
+    assert sorted(samplers) == ["flashar", "ssd-exact"]
+    for _, s in samplers.values():  # the release's grid and sampler defaults
+        assert s["grid"] == "auto" and [s[k] for k in ("cfg", "temperature", "top_k", "top_p", "min_p")] == [-1] * 5
+        assert s["negative_prompt"] == ""  # its unconditional row is its template with an empty prompt
+    (grid,) = [n["inputs"] for n in root.values() if n["class_type"] == "SSDTraceToImage"]
+    assert grid["trace"] == [samplers["flashar"][0], 1] and grid["color_by"] == "step"  # one shade per diagonal
+    ui = json.loads((ROOT / "example_workflows" / f"{name}.json").read_text())
+    note = next(n["widgets_values"][0] for n in ui["nodes"] if n["type"] == "MarkdownNote")
+    for needed in ("ssd_models/Emu3.5-Image-FlashAR", "lxazjk/Emu3.5-Image-FlashAR", "baaivision/Emu3.5",
+                   "src/tokenizer_emu3_ibq/", "emu3.tiktoken", "emu3_vision_tokens.txt", "BAAI/Emu3.5-VisionTokenizer",
+                   "convert-ibq", "68.0 GiB", "23.6 GiB", "80 GB", "offload auto", "63 steps"):
+        assert needed in note, needed
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        nodes.SSDLoadModel().load("Emu3.5-Image-FlashAR", "auto", "cpu")
+    line, target = str(err.value), tmp_path / "Emu3.5-Image-FlashAR"
+    assert "\n" not in line and f"download lxazjk/Emu3.5-Image-FlashAR from the Hugging Face Hub into {target}" in line
+    assert "emu3.tiktoken and emu3_vision_tokens.txt (baaivision/Emu3.5 src/tokenizer_emu3_ibq/ on GitHub)" in line
+    assert "BAAI/Emu3.5-VisionTokenizer's model.ckpt and config.yaml" in line
+    assert f"`python -m ssd_core convert-ibq model.ckpt config.yaml {target}/ibq.safetensors`" in line
+    # the template's loader and flashar sampler on the tiny checkpoint, listed under the template's folder name
+    monkeypatch.setenv("SSD_MODELS_DIR", str(folder.parent))
+    assert "Emu3.5-Image-FlashAR" in nodes.SSDLoadModel.INPUT_TYPES()["required"]["model"][1]["options"]
+    (loaded,) = nodes.SSDLoadModel().load(load["model"], load["dtype"], "cpu", load["quantization"], load["offload"],
+                                          load["compile"])
+    (with_heads,) = nodes.SSDLoadHeads().load(loaded, root["2"]["inputs"]["heads"])
+    nid, inputs = samplers["flashar"]
+    out = nodes.SSDSampler().sample(with_heads, unique_id=nid, **{k: v for k, v in inputs.items()
+                                                                  if not isinstance(v, list)})
+    trace = out["result"][1]
+    assert trace["grid"] == [32, 32] and trace["steps"] == 63 and trace["settings"]["cfg"] == 5.0
+    assert out["result"][2].startswith("flashar: 16.2x fewer model steps than one token at a time (63 instead of 1023)")

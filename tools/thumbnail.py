@@ -1,6 +1,6 @@
 """The reference example workflow's thumbnail: what its three samplers make (ar | ssd-exact | ssd, the same
 prompt and seed, the model's defaults), each image above its status grid. download_card: a downloaded model's
-template thumbnail, drawn from a run of its tiny random twin.
+template thumbnail, drawn from runs of its tiny random twin.
 
   python -m tools.thumbnail [--model reference] [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
 """
@@ -54,22 +54,29 @@ def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size
     return im
 
 
-def download_card(title: str, needs: list[str], trace: dict, size: int = 512) -> Image.Image:
-    """A downloaded model's template thumbnail, drawn without the model: the title, an empty (grey) ar panel, the
-    ssd-exact panel as the status grid of `trace` (a run of the family's tiny random twin at the model's default
-    grid) and what the template needs, as the Lumina-mGPT 2.0 template's thumbnail shows them."""
+def download_card(title: str, needs: list[str], trace: dict, size: int = 512, left: dict | None = None,
+                  labels: tuple[str, str] = ("ar", "ssd-exact")) -> Image.Image:
+    """A downloaded model's template thumbnail, drawn without the model: the title, the left panel (grey, or the
+    per-cell step grid of `left` where its decoder runs on the twin too: FlashAR's flashar, one shade per step), the
+    right panel as the status grid of `trace` (a run of the family's tiny random twin at the model's default
+    grid), each under its label, and what the template needs, as the Lumina-mGPT 2.0 template's thumbnail shows
+    them."""
     im = Image.new("RGB", (size, size), (24, 24, 24))
     draw = ImageDraw.Draw(im)
     draw.text((24, 26), title, fill=(235, 235, 235), font=_font(26))
     side, top = 221, 110
-    for x, label in ((24, "ar"), (268, "ssd-exact")):
+    for x, label in zip((24, 268), labels):
         draw.text((x, 86), label, fill=(220, 220, 220), font=_font(16))
-    draw.rectangle((24, top, 24 + side - 1, top + side - 1), fill=(136, 140, 149))
+    if left is None:
+        draw.rectangle((24, top, 24 + side - 1, top + side - 1), fill=(136, 140, 149))
+    else:
+        im.paste(_pixels(status_image(left, cell=4, color_by="step", gridlines=False), side), (24, top))
     im.paste(_pixels(status_image(trace, cell=4, gridlines=False), side), (268, top))
     for j, line in enumerate(needs):
         draw.text((24, 352 + 24 * j), line, fill=(215, 215, 215), font=_font(16))
     H, W = len(trace["status"]), len(trace["status"][0])
-    draw.text((24, 470), f"ssd-exact's grid: a run of a tiny random model in this layout, {H}x{W} tokens",
+    whose = "the grids: runs" if left is not None else f"{labels[1].split(':')[0]}'s grid: a run"
+    draw.text((24, 470), f"{whose} of a tiny random model in this layout, {H}x{W} tokens",
               fill=(150, 150, 150), font=_font(12))
     return im
 
