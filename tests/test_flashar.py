@@ -383,3 +383,32 @@ def test_template_and_the_loaders_error_say_what_to_download(folder, tmp_path, m
     trace = out["result"][1]
     assert trace["grid"] == [32, 32] and trace["steps"] == 63 and trace["settings"]["cfg"] == 5.0
     assert out["result"][2].startswith("flashar: 16.2x fewer model steps than one token at a time (63 instead of 1023)")
+
+
+def test_the_widget_gets_one_event_per_anti_diagonal(folder, fake_comfy, monkeypatch):
+    """The sampler node's live `ssd.grid` events under decoder flashar (their throttle off): one per anti-diagonal,
+    H + W - 1 of them, each adding exactly the cells of the next diagonal (status "ar": drawn from the model); the
+    final event's per-cell step grid is h + w + 1. The widget needs nothing new: cells arrive with their statuses."""
+    from conftest import pack_module
+
+    monkeypatch.setattr(pack_module("nodes._progress").Progress, "due", lambda self: True)
+    nodes = load_pack()
+    monkeypatch.setenv("SSD_MODELS_DIR", str(folder.parent))
+    (loaded,) = nodes.SSDLoadModel().load(folder.name, "float32", "cpu")
+    H, W = GRID
+    out = run(loaded, prompt="a red cat", decoder="flashar", seed=5, grid=f"{H}x{W}", unique_id="21")
+    events = [d for e, d, _ in fake_comfy.events if e == "ssd.grid"]
+    live, final = [d for d in events if not d["done"]], events[-1]
+    assert len(live) == H + W - 1 and len(events) == H + W and all(d["node"] == "21" for d in events)
+    pending, ar = "0", "1"  # nodes/trace.py STATUS_CODE
+    written = set()
+    for s, event in enumerate(live):
+        assert event["decoder"] == "flashar" and event["grid"] == [H, W] and event["steps"] == s + 1
+        cells = {i for i, c in enumerate(event["status"]) if c != pending}
+        assert cells - written == set(flashar_decode.diagonal(s, H, W)) and written <= cells
+        assert {event["status"][i] for i in cells} == {ar} and event["final"] == len(cells)
+        written = cells
+    assert written == set(range(H * W))
+    assert final["done"] is True and final["steps"] == H + W - 1 and final["status"] == ar * (H * W)
+    assert final["step"] == [h + w + 1 for h in range(H) for w in range(W)]
+    assert final == {**out["ui"]["ssd_trace"][0], "node": "21"}
