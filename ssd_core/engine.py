@@ -20,7 +20,7 @@ from .decoders import without_heads
 from .errors import Cancelled, SSDError
 from .families.base import GridModel
 from .observer import Observer, Observers, ambient
-from .run import Policy, Run
+from .run import Branches, Policy, Run
 from .sampling import SamplerSettings, guide, log_probs
 from .session import KVSession, Layout, Prompt, stack_prompts
 
@@ -238,13 +238,17 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
     fed = [run.ids[run.cached:run.end].clone() for run in runs]
-    n = max(f.numel() for f in fed)
-    feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], fed, n,
-                                           pad_id, watch) if n else (None, None, [None] * len(runs))
+    # a policy's draft tree: tokens fed after its window that are no slot (Branches), only with a window
+    branches = [policy.branches(run) if f.numel() else None for run, policy, f in zip(runs, policies, fed)]
+    feeds = [f if b is None else torch.cat([f, b.ids]) for f, b in zip(fed, branches)]
+    n = max(f.numel() for f in feeds)
+    feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], feeds, n,
+                                           pad_id, watch, branches) if n else (None, None, [None] * len(runs))
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
-    for run, policy, f, visible, i in zip(runs, policies, fed, visibles, images):
+    for run, policy, f, visible, b, i in zip(runs, policies, fed, visibles, branches, images):
         r, k = rows.dev[i], f.numel()
         out = (feats[r, :k], all_logits[r, :k]) if k else (None, None)  # its window's features and logits
+        run.branch_logits = None if b is None else all_logits[r, k:k + len(b.slots)]  # [B, m, V] its branches'
         logits = run.begin_step(f, visible if k else None, *out)
         policy.update(run, logits, out[0])
         rows.hold(held, i, run.end_step(logits))  # its new cache length: the step's one host copy
@@ -261,8 +265,8 @@ def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, 
         return 0
     held = list(session.held_host)
     last = [run.ids[run.cached:] for run in runs]
-    ids, visible = _batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
-                              layout.num_slots - first, pad_id)
+    ids, visible, _ = _batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
+                                 layout.num_slots - first, pad_id)
     with watch.forward("finalize"):
         session.forward(ids, visible)
     for i in images:
@@ -283,17 +287,39 @@ def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces
 
 
 def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy], rows: list[torch.Tensor],
-             fed: list[torch.Tensor], n: int, pad_id: int, watch: Observers):
-    """One base-model forward of every image's fed slots, right-padded to n.
+             fed: list[torch.Tensor], n: int, pad_id: int, watch: Observers, branches: list):
+    """One base-model forward of every image's fed slots (and its branches after them), right-padded to n.
 
     -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
     for run, policy, f in zip(runs, policies, fed):  # checked at the step's sync
         run.expect((f >= 0).all(), lambda run=run, f=f, name=policy.name: _no_token(name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
-    ids, visible = _batch_ids(session, rows, fed, visibles, n, pad_id)
+    masks, positions = zip(*(_tree(run, f.numel() - len(b.slots), b, v) if b is not None else (v, None)
+                             for run, f, v, b in zip(runs, fed, visibles, branches)))
+    ids, visible, position = _batch_ids(session, rows, fed, list(masks), n, pad_id, list(positions))
     with watch.forward("step"):
-        features = session.forward(ids, visible)
+        features = session.forward(ids, visible) if position is None else session.forward(ids, visible, position)
     return features, model.image_logits(features), visibles
+
+
+def _tree(run: Run, k: int, b: Branches, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window mask [k + m, k + m] and positions [k + m] of a window of k slots followed by the branches b: the
+    window causal (and `visible`), each branch sees the window slots below its `sees` slot, its parent chain and
+    itself, at its slot's position; no window slot sees a branch (its keys are cropped after the step)."""
+    m, C = len(b.slots), run.cached
+    mask = torch.zeros(k + m, k + m, dtype=torch.bool)
+    mask[:k, :k] = torch.ones(k, k, dtype=torch.bool).tril()
+    if visible is not None:
+        mask[:k, :k] &= visible.cpu()[None, :] | torch.eye(k, dtype=torch.bool)
+    for i in range(m):
+        mask[k + i, :max(0, min(k, b.sees[i] - C))] = True
+        j = i
+        while j >= 0:  # itself and its parent chain
+            mask[k + i, k + j] = True
+            j = b.parent[j]
+    dev = b.ids.device
+    positions = torch.tensor(list(range(k)) + [s - C for s in b.slots], dtype=torch.long)
+    return mask.to(dev), positions.to(dev)
 
 
 def _no_token(decoder: str, run: Run, fed: torch.Tensor):
@@ -301,11 +327,17 @@ def _no_token(decoder: str, run: Run, fed: torch.Tensor):
 
 
 def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,
-               pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+               pad_id: int, positions: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                      torch.Tensor | None]:
     """Each image's fed ids on its rows, right-padded to n -> ids ([n] when one image fills the batch, else
-    [B, n]) and the visible slots (None: all; padding and rows of no image are invisible)."""
+    [B, n]), the visible slots (None: all; padding and rows of no image are invisible) and the positions (None:
+    slot order). An image's visible may be its whole window mask [k, k] (_tree, with its positions [k]): then
+    the batch's is [B, n, n]."""
+    positions = positions or [None] * len(fed)
+    if any(v is not None and v.dim() == 2 for v in visibles):
+        return _batch_trees(session, rows, fed, visibles, n, pad_id, positions)
     if len(rows) == 1 and rows[0].numel() == session.batch and fed[0].numel() == n:
-        return fed[0], visibles[0]
+        return fed[0], visibles[0], None
     dev = fed[0].device
     ids = torch.full((session.batch, n), pad_id, dtype=torch.long, device=dev)
     visible = torch.zeros(session.batch, n, dtype=torch.bool, device=dev)
@@ -314,7 +346,27 @@ def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Ten
         visible[r, :f.numel()] = True if v is None else v
     whole = sum(r.numel() for r in rows) == session.batch and all(v is None for v in visibles) and \
         all(f.numel() == n for f in fed)  # known on the host: no copy
-    return ids, (None if whole else visible)
+    return ids, (None if whole else visible), None
+
+
+def _batch_trees(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,
+                 pad_id: int, positions: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_batch_ids where some image feeds a tree: ids [B, n], window masks [B, n, n], positions [B, n]."""
+    dev = fed[0].device
+    ids = torch.full((session.batch, n), pad_id, dtype=torch.long, device=dev)
+    masks = torch.eye(n, dtype=torch.bool, device=dev).repeat(session.batch, 1, 1)  # padding sees itself only
+    steps = torch.arange(n, device=dev).repeat(session.batch, 1)
+    for r, f, v, p in zip(rows, fed, visibles, positions):
+        k = f.numel()
+        ids[r, :k] = f
+        if v is None or v.dim() == 1:  # causal, and each slot sees the visible ones
+            v = torch.ones(k, k, dtype=torch.bool, device=dev).tril() & \
+                ((torch.ones(k, dtype=torch.bool, device=dev) if v is None else v.to(dev))[None, :] |
+                 torch.eye(k, dtype=torch.bool, device=dev))
+        masks[r, :k, :k] = v
+        if p is not None:
+            steps[r, :k] = p
+    return ids, masks, steps
 
 
 def _peak_memory_mb(dev: torch.device) -> float:

@@ -6,6 +6,7 @@ corrected, and how far the window grows; it touches the state only through Run's
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
@@ -75,6 +76,7 @@ class Run:
         self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
         self.near_tie = torch.zeros(L, dtype=torch.bool, device=dev)  # [L] final decisions that rounding could flip
+        self.branch_logits: torch.Tensor | None = None  # [B, m, V] raw logits of the step's Branches (the engine's)
 
     # ---- views ----------------------------------------------------------------------------------
     @property
@@ -348,6 +350,19 @@ class SlotTable:
         self.rows[a - self.base:a - self.base + values.shape[0]] = values
 
 
+@dataclass(frozen=True)
+class Branches:
+    """Tokens a step feeds after its window that are no slot of the sequence: a draft tree's side branches (sjd-pac).
+    Each stands at `slots[i]`'s position, sees the cache, the fed window's slots below `sees[i]`, its parent chain and
+    itself; no window slot sees it, and its keys leave the cache after the step. Their raw logits reach the policy's
+    update as run.branch_logits [B, m, V]."""
+
+    ids: torch.Tensor  # [m] sequence ids, on the model's device
+    slots: tuple[int, ...]  # host: the slot (position) each stands for
+    sees: tuple[int, ...]  # host: each sees the window's slots below this one
+    parent: tuple[int, ...]  # host: its parent's index among the branches (a smaller one), -1: it hangs from the window
+
+
 class Policy:
     """A decoder: `update` finalizes / corrects after a forward and extends the window with drafts."""
 
@@ -362,6 +377,10 @@ class Policy:
 
     def visible(self, run: Run) -> torch.Tensor | None:
         """Which window slots other slots may attend to (None: all, plain causal)."""
+        return None
+
+    def branches(self, run: Run) -> Branches | None:
+        """Tokens to feed after the window this step (a draft tree's side branches), or None."""
         return None
 
     def update(self, run: Run, logits: torch.Tensor, features: torch.Tensor | None) -> None:

@@ -112,16 +112,20 @@ class KVSession:
         held_on_device)."""
         return torch.tensor(self.held_host, dtype=torch.long)
 
-    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
 
         visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible.
+        Or [1 or B, n, n] bool: the whole window mask, which fed token (query) sees which (key), in place of the
+        causal window (a draft tree's branches, run.Branches). positions ([n] or [B, n]): each fed token's
+        position counted from the row's held slots (default 0 .. n-1: slot order).
         Nothing here waits for the device: the held lengths reach it as fills from host numbers (held_on_device)."""
         n = slot_ids.shape[-1]
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
         held = held_on_device(self.held_host, dev)
-        feats = self._feed(ids, visible, held)
+        feats = self._feed(ids, visible, held, positions)
         pack_fed_keys(self._layers(), self.prompt_len, held, self.cached, n, min(self.held_host))
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
@@ -151,18 +155,25 @@ class KVSession:
         n = self.prompt_len + self.cached
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self._layers()]
 
-    def _positions(self, held: torch.Tensor, width: int) -> torch.Tensor:
-        """[B, width] position ids of a feed: each row's slots from its own held count, after its real prompt."""
-        return self.real_len[:, None] + held[:, None] + torch.arange(width, device=held.device)[None]
+    def _positions(self, held: torch.Tensor, width: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, width] position ids of a feed: each row's slots from its own held count, after its real prompt;
+        offsets ([n] or [B, n], n <= width): the fed tokens' own, from the held count (the padding's: slot order)."""
+        steps = torch.arange(width, device=held.device)[None]
+        if offsets is not None:
+            offsets = offsets.to(held.device).view(-1, offsets.shape[-1])
+            steps = torch.cat([offsets, steps[:, offsets.shape[1]:].expand(offsets.shape[0], -1)], dim=1)
+        return self.real_len[:, None] + held[:, None] + steps
 
     # ---- a cache kind -------------------------------------------------------------------------------------
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Run the prompt ids [B, P] at positions pos [B, P] into the cache -> pre-norm features [B, P, d]."""
         raise NotImplementedError
 
-    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
-        """One forward of ids [B, n], each row at its own positions (held [B] on the device), writing the keys
-        at slot columns [cached, cached + n) of every row -> pre-norm features [B, n, d] (forward packs them)."""
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward of ids [B, n], each row at its own positions (held [B] on the device; `positions`: forward's),
+        writing the keys at slot columns [cached, cached + n) of every row -> pre-norm features [B, n, d] (forward
+        packs them)."""
         raise NotImplementedError
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -192,12 +203,15 @@ class Session(KVSession):
               held: torch.Tensor | None = None) -> torch.Tensor:
         """Float additive mask [B, 1, n, keys]: prompt padding, each row's held slots, causal (and visible) window.
 
-        visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself);
+        visible: [n] or [B, n] bool, the window slots other slots may attend to (each slot sees itself), or
+        [1 or B, n, n]: the whole window mask (forward's);
         held: [B] on the device, each row's held slots (held_on_device): given for every feed after the prompt."""
         dev, dtype = self.m.device, self.m.dtype
         P, past = self.prompt_len, self.cached
         win = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None]  # [1 or B, n, n]
-        if visible is not None:  # keys of invisible window slots are hidden from every other query
+        if visible is not None and visible.dim() == 3:  # the whole window mask, given
+            win = visible.to(dev)
+        elif visible is not None:  # keys of invisible window slots are hidden from every other query
             win = win & (visible.to(dev).view(-1, 1, n) | torch.eye(n, dtype=torch.bool, device=dev))
         if prefill:  # the prompt itself: causal over the prompt's real tokens
             allowed = win & self.prompt_mask[:, None, :]
@@ -220,9 +234,10 @@ class Session(KVSession):
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self._run(ids, pos, self._mask(self.prompt_len, None, prefill=True))
 
-    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
         n = ids.shape[1]
-        return self._run(ids, self._positions(held, n), self._mask(n, visible, held=held))
+        return self._run(ids, self._positions(held, n, positions), self._mask(n, visible, held=held))
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return layer_tensors(self.cache)

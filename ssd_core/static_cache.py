@@ -302,7 +302,8 @@ class StaticSession(KVSession):
         allowed = causal[None] & torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))[:, None]
         return self._step(self.m.embed(ids), allowed, pos, 0, compiled=False)
 
-    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
+    def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
         n = ids.shape[1]
         size = bucket(n, self.opts.buckets) if self._compiled is not None else None
         width = size or n
@@ -312,8 +313,8 @@ class StaticSession(KVSession):
         if start + width > self.capacity:
             raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
                            "load the model with compile 'off'")
-        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held), self._positions(held, width), start,
-                           compiled=size is not None)
+        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held),
+                           self._positions(held, width, positions), start, compiled=size is not None)
         return feats[:, :n]
 
     def _step(self, embeds, allowed, pos, start: int, compiled: bool) -> torch.Tensor:
@@ -337,14 +338,20 @@ class StaticSession(KVSession):
     def _allowed(self, width: int, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
         """[B, width, C] bool: real prompt keys, each row's held slots, the causal (and visible) window; nothing later.
 
-        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself); held [B]: each
-        row's held slots, on the device."""
+        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself), or [1 or B, n, n]:
+        the whole window mask of the n fed tokens (KVSession.forward); held [B]: each row's held slots, on the
+        device."""
         dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
         keys = torch.arange(self.capacity, device=dev)
         queries = torch.arange(width, device=dev)[:, None]
         offset = keys[None, :] - start  # [1, C] window index of a key
         window = ((offset >= 0) & (offset <= queries))[None]  # [1, width, C]
-        if visible is not None:  # keys of invisible window slots are hidden from every other query
+        if visible is not None and visible.dim() == 3:  # the given mask for the fed queries; padding stays causal
+            n = visible.shape[-1]
+            given = window.expand(visible.shape[0], -1, -1).clone()
+            given[:, :n, start:start + n] = visible.to(dev)
+            window = given
+        elif visible is not None:  # keys of invisible window slots are hidden from every other query
             visible = visible.to(dev).view(-1, visible.shape[-1])  # [1 or B, n]
             shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
             shown[:, :visible.shape[1]] = visible
