@@ -23,6 +23,7 @@ class SJDPolicy(Policy):
     def update(self, run: Run, logits, features) -> None:
         C, end = run.cached, run.end
         a, b = run.open_span(C, end)
+        whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
         if b > a:
             slots = run.index.image_ids[a:b]
             p = run.logp(logits[:, slots - C], slots).exp()  # [n, V] on the model's device
@@ -37,10 +38,11 @@ class SJDPolicy(Policy):
             run.set_tokens(slots, codes, draft=order > lead)
             run.finalize(slots, order <= lead)
             run.put_q(a, p)  # the redrawn ones are samples of p (the final ones are not read again)
-            n_final = min(run.sync(lead)[0] + 1, b - a)
-            run.advance(run.index.image_slots[a + n_final - 1] + 1)
-        if run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-            s = run.end  # the token after an all-final window: an exact sample
+            kept = run.sync(lead)[0]
+            whole = kept == b - a
+            run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
+        if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
+            s = run.end  # the token after a window kept whole: an exact sample (a fixed last token: next step)
             one = run.index.slots(s, s + 1)
             run.set_tokens(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
             run.finalize(one)
