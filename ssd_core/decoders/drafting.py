@@ -337,10 +337,15 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
 class WindowDrafter(Drafter):
     """sjd's guesses (as its authors release them): the window keeps `window` open image slots, grown a row (or
     less) at a time; a new cell starts as the token above it (q one-hot on it), in the first row (or with nothing
-    drafted above) as a uniform random code (q uniform)."""
+    drafted above) as a uniform random code (q uniform).
 
-    def __init__(self, window: int):
-        self.window = window
+    above False: every new cell a uniform random code (the peers' 'random' initialisation: scd, gsd, sjd-pac);
+    random_q: the q recorded for a random code, "uniform" (what it was drawn from) or "onehot" (on the code: the
+    scores SJD's, SCD's and GSD's get_multi_token_for_preparation give it; a draft that is certain, which the
+    min(1, p/q) test and its residual keep lossless too)."""
+
+    def __init__(self, window: int, above: bool = True, random_q: str = "uniform"):
+        self.window, self.above, self.onehot = window, above, random_q == "onehot"
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
         stride, V = run.layout.row_stride, run.index.V
@@ -356,9 +361,10 @@ class WindowDrafter(Drafter):
                 return
             slots = run.index.image_ids[lo:hi]
             above = run.codes[(slots - stride).clamp(min=0)]
-            first_row = (slots < stride) | (above < 0)  # nothing above: uniform random
+            first_row = (slots < stride) | (above < 0) | (not self.above)  # nothing above: uniform random
             codes = torch.where(first_row, run.random_codes(hi - lo), above)
-            q = torch.where(first_row[:, None], 1.0 / V, torch.nn.functional.one_hot(above.clamp(min=0), V).float())
+            onehot = torch.nn.functional.one_hot(codes, V).float()
+            q = torch.where(first_row[:, None] & (not self.onehot), 1.0 / V, onehot)
             run.set_tokens(slots, codes)
             run.put_q(lo, q)
             run.set_end(run.index.image_slots[hi - 1] + 1)
