@@ -11,7 +11,7 @@ import torch
 
 from .api import MAX_BATCH, generate, generate_batch
 from .decoders import (DECODERS, DRAFT_ROWS, ENGINE_DECODERS, NO_HEADS, ROWS_AT, DecoderParams, bench_variant,
-                       needs_heads, own_loop, spec, uses_heads)
+                       keeps_ar_tokens, needs_heads, own_loop, spec, uses_heads)
 from .errors import SSDError, shown
 from .limits import whole_number
 from .sampling import SEEDS, check_seed
@@ -214,7 +214,7 @@ def row_figures(label: str, decoder: str, runs: list, ar: list, batched: list | 
     ar_nll = statistics.median([a.trace.nll for a in ar])
     ar_full = statistics.median([a.trace.nll_full for a in ar])
     exactness = None
-    if decoder in ("ar", "ssd-exact"):  # one at a time and, with --batch, in batches too
+    if keeps_ar_tokens(decoder, runs[0].trace.settings):  # one at a time and, with --batch, in batches too
         exactness = all(bool(torch.equal(r.tokens, a.tokens)) for r, a in zip(runs + (batched or []), ar + ar))
     return {
         "decoder": label, "steps": statistics.median(steps),

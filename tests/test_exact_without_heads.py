@@ -79,7 +79,8 @@ def test_bench_rows_with_and_without_heads(tmp_path):
     out = tmp_path / "none.json"
     assert main(["bench", "--model", str(folder), "--heads", "none", "--images", "2", "--json", str(out)]) == 0
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"ar", "ssd-exact", "sjd", "zipar"} and rows["ssd-exact"]["identical_to_ar"] is True
+    assert set(rows) == {"ar", "ssd-exact", "sjd", "zipar", "scd", "sjd-pac", "gsd"}  # every decoder without heads
+    assert rows["ssd-exact"]["identical_to_ar"] is True
     out = tmp_path / "both.json"
     assert main(["bench", "--model", str(folder), "--heads", str(heads), "--images", "2", "--decoders",
                  "ssd-exact,ssd-exact@3,ssd-exact@3:noheads", "--json", str(out)]) == 0  # rows given: heads used

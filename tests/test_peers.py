@@ -90,6 +90,29 @@ def test_scd_match_keeps_ars_very_tokens(grid_model, settings):
         assert torch.equal(ar.tokens, scd.tokens) and scd.trace.steps < ar.trace.steps
 
 
+def test_bench_and_the_cli_run_the_peers_and_say_which_keep_ars_tokens(tmp_path):
+    """`bench --decoders` runs each peer; identical_to_ar is reported for scd with accept 0 (True), not for the others
+    (None); `generate --decoder` makes an image with each."""
+    import json
+
+    from ssd_core.cli import main
+
+    folder = make_llama_grid(tmp_path / "model", grid=(3, 4))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(folder), "--heads", "none", "--images", "1", "--decoders",
+                 "scd,sjd-pac,gsd", "--json", str(out)]) == 0
+    rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "scd", "sjd-pac", "gsd"} and rows["scd"]["params"] == {"window": 32, "accept": 1}
+    assert [rows[d]["identical_to_ar"] for d in ("scd", "sjd-pac", "gsd")] == [None, None, None]
+    assert main(["bench", "--model", str(folder), "--heads", "none", "--images", "1", "--decoders", "scd",
+                 "--accept", "0", "--json", str(out)]) == 0
+    assert {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}["scd"]["identical_to_ar"] is True
+    for decoder in ("scd", "sjd-pac", "gsd"):
+        trace = tmp_path / f"{decoder}.json"
+        assert main(["generate", "--model", str(folder), "--decoder", decoder, "--trace", str(trace)]) == 0
+        assert json.loads(trace.read_text())["decoder"] == decoder
+
+
 def _joint(model, decoder, params, grid, n, settings):
     """Counts of the n images' token tuples (seeds 0..n-1), made as one batch (each image its single run's tokens:
     tests/test_batch.py, and the batch test above for the peers)."""

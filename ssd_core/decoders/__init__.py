@@ -211,6 +211,12 @@ def own_loop(name: str) -> bool:
     return bool(getattr(spec(name).policy, "own_loop", False))
 
 
+def keeps_ar_tokens(name: str, params: Mapping) -> bool:
+    """Whether the decoder, run with these parameters (a trace's settings), makes ar's very tokens for the seed
+    (in fp32, up to the near-ties its trace names): ar, ssd-exact, scd with accept 0."""
+    return name in ("ar", "ssd-exact") or (name == "scd" and params.get("accept") == Accept.MATCH)
+
+
 def picks_rows(name: str, params: DecoderParams) -> bool:
     """Whether this decoder's rows are picked for the model and device (ssd-exact with draft_rows 0 or unset)."""
     return name == "ssd-exact" and not params.draft_rows
