@@ -139,8 +139,8 @@ class SSDLoadHeads(io.ComfyNode):
             display_name="Load SSD Heads",
             category=CATEGORY,
             description=("Adds draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model: small "
-                         "layers that guess rows ahead. ssd needs them; ssd-exact is faster with them; ar, sjd, "
-                         "zipar do not use them. 'reference' / 'reference-48' = the heads of the bundled models (each for its own model)."),
+                         "layers that guess rows ahead. ssd needs them; ssd-exact is faster with them; ar and the "
+                         "peers (sjd, scd, sjd-pac, zipar, gsd) do not use them. 'reference' / 'reference-48' = the heads of the bundled models (each for its own model)."),
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
                 io.Combo.Input("heads", options=_folders.heads_choices(), default=_folders.BUNDLED,

@@ -88,8 +88,9 @@ class SSDSampler(io.ComfyNode):
             description=("Makes an image with an autoregressive model in far fewer model steps: it guesses rows of "
                          "tokens ahead and the model checks them. decoder: ssd-exact = plain ar's picture, faster (in "
                          "float32 1,407 of 1,410 tests equal; the stats name any near-tie that may change it); ssd = "
-                         "faster still, close in quality (needs heads); ar = one token at a time (the reference); sjd, "
-                         "zipar = other methods, for comparison."),
+                         "faster still, close in quality (needs heads); ar = one token at a time (the reference); "
+                         "peers, other published methods for comparison: sjd, scd, sjd-pac (the AR distribution), "
+                         "zipar, gsd (lossy)."),
             # new inputs go last: saved workflows keep their widget values by position
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
@@ -111,8 +112,9 @@ class SSDSampler(io.ComfyNode):
                 io.Combo.Input("decoder", options=list(ssd_core.DECODERS), default="ssd-exact",
                                tooltip="ssd-exact = plain ar's picture in fewer steps (in float32 1,407 of 1,410 tests "
                                        "equal; the stats name any near-tie that may change it); ssd = faster still, "
-                                       "close in quality (needs heads); ar = one token at a time (the reference); sjd, "
-                                       "zipar = other methods, for comparison"),
+                                       "close in quality (needs heads); ar = one token at a time (the reference); "
+                                       "peers, other published methods for comparison: sjd, scd, sjd-pac (the AR "
+                                       "distribution), zipar, gsd (lossy)"),
                 io.Int.Input("draft_rows", default=DRAFT_ROWS.default, min=DRAFT_ROWS.low, max=DRAFT_ROWS.high,
                              tooltip="rows guessed ahead and checked together (ssd, ssd-exact): more = fewer steps "
                                      "when the guesses are good, more work per step; 0 (shown as auto) = the decoder's "

@@ -140,7 +140,7 @@ def not_finite_message(bad: torch.Tensor, s: SamplerSettings, positions, raw, so
     if source == "heads":
         return (f"the draft heads produced NaN or infinite draft logits at image sequence position(s) {where}: "
                 "the heads file is damaged or was trained for another model (re-train or re-load the heads, or "
-                "pick a decoder without heads: ar, sjd, zipar); if decoder ar fails too, the model is at fault: "
+                "pick a decoder without heads: ar, sjd, scd, sjd-pac, zipar, gsd); if decoder ar fails too, the model is at fault: "
                 "try dtype fp32")
     return (f"the model produced NaN or infinite logits at image sequence position(s) {where}: try dtype fp32 "
             "(fp16 overflows on some models) or another device; if that does not help, the model's weights are "

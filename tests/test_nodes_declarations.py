@@ -116,7 +116,8 @@ def test_node_mappings_and_inputs():
     opt = info["input"]["optional"]
     assert list(opt) == ["negative_prompt", "batch_size", "min_p", "official_suffix"]  # new widgets go last: saved workflows keep theirs
     assert opt["min_p"][1]["default"] == -1 and opt["min_p"][1]["max"] < 1  # -1 = the model's; the engine refuses 1
-    assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar", "flashar"]
+    assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar", "flashar",
+                                                            "scd", "sjd-pac", "gsd"]
     assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True and req["seed"][1]["max"] == 2**64 - 1
     assert req["prompt"] == ("STRING", {"tooltip": req["prompt"][1]["tooltip"], "multiline": True, "default": "face"})
@@ -236,12 +237,15 @@ def test_the_tooltips_say_what_the_help_says():
     rate = f"{sweep['equal']:,} of {sweep['pairs']:,}"
     tips = {i.id: i.tooltip or "" for i in nodes.SSDSampler.define_schema().inputs}
     assert "plain ar's picture" in tips["decoder"] and rate in tips["decoder"] and "near-tie" in tips["decoder"]
-    assert "close in quality" in tips["decoder"] and "sjd, zipar = other methods" in tips["decoder"]
+    assert "close in quality" in tips["decoder"] and "peers, other published methods" in tips["decoder"]
+    peers = ("sjd", "scd", "sjd-pac", "zipar", "gsd")  # grouped after the pack's own, in the tooltip and the help
+    assert all(f" {p}" in tips["decoder"].split("peers")[1] for p in peers)
     assert rate in nodes.SSDSampler.define_schema().description
     help_text = (DOCS / "SSDSampler.md").read_text(encoding="utf-8")
     for phrase in ("plain `ar`'s picture", rate, "near-tie", "close in quality", "other published speed-up methods",
                    "differ slightly from plain AR's"):
         assert phrase in help_text
+    assert all(f"**{p}**" in help_text.split("Peers")[1] for p in peers)
     rate_zh = f"{sweep['pairs']:,} 次新对比中 {sweep['equal']:,} 次"
     assert rate_zh in (DOCS / "SSDSampler" / "zh.md").read_text(encoding="utf-8")
     dtype = {i.id: i.tooltip for i in nodes.SSDLoadModel.define_schema().inputs}["dtype"]
