@@ -254,7 +254,8 @@ def test_object_info_lists_the_nodes(server):
                          "decoder", "draft_rows", "verify_rounds", "grid"]
     assert list(s["input"]["optional"]) == ["negative_prompt", "batch_size", "min_p"]
     assert s["input_order"]["required"] == list(req)
-    assert combo(req["decoder"]) == ["ar", "ssd", "ssd-exact", "sjd", "zipar"] and req["decoder"][1]["default"] == "ssd-exact"
+    assert combo(req["decoder"]) == ["ar", "ssd", "ssd-exact", "sjd", "zipar", "scd", "sjd-pac", "gsd", "flashar"]
+    assert req["decoder"][1]["default"] == "ssd-exact"
     grids = combo(req["grid"])
     assert grids[0] == "auto" and SMALL_GRID in grids and "24x24 (384x384 px, 1:1) janus" in grids
     assert list(info["SSDLoadModel"]["input"]["optional"]) == ["quantization", "offload", "compile"]

@@ -116,8 +116,8 @@ def test_node_mappings_and_inputs():
     opt = info["input"]["optional"]
     assert list(opt) == ["negative_prompt", "batch_size", "min_p", "official_suffix"]  # new widgets go last: saved workflows keep theirs
     assert opt["min_p"][1]["default"] == -1 and opt["min_p"][1]["max"] < 1  # -1 = the model's; the engine refuses 1
-    assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar", "flashar",
-                                                            "scd", "sjd-pac", "gsd"]
+    assert combo(req["decoder"]) == list(core.DECODERS) == ["ar", "ssd", "ssd-exact", "sjd", "zipar", "scd",
+                                                            "sjd-pac", "gsd", "flashar"]
     assert req["decoder"][1]["default"] == "ssd-exact"
     assert req["seed"][1]["control_after_generate"] is True and req["seed"][1]["max"] == 2**64 - 1
     assert req["prompt"] == ("STRING", {"tooltip": req["prompt"][1]["tooltip"], "multiline": True, "default": "face"})

@@ -29,7 +29,7 @@ def grid_model(request, tmp_path_factory):
 
 def test_registered_after_the_packs_own_with_their_published_windows():
     names = list(DECODER_SPECS)
-    assert names.index("scd") > names.index("ssd-exact") and names[-3:] == ["scd", "sjd-pac", "gsd"]
+    assert names.index("scd") > names.index("ssd-exact") and names[-4:] == ["scd", "sjd-pac", "gsd", "flashar"]
     assert {n: make_policy(n).params["window"] for n in ("scd", "sjd-pac", "gsd")} == \
         {"scd": 32, "sjd-pac": 64, "gsd": 16}
     assert make_policy("scd").params["accept"] == 1  # the authors' test (speculative_jacobi)

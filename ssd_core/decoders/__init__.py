@@ -161,12 +161,12 @@ DECODER_SPECS = {
     "ssd-exact": DecoderSpec(ExactPolicy, ("draft_rows",), {"draft_rows": 0}),
     "sjd": DecoderSpec(SJDPolicy, ("window",), {"window": 16}),
     "zipar": DecoderSpec(ZipARPolicy, ("window",)),
-    # FlashAR checkpoints only (families/flashar.py); its own loop (flashar_decode.py)
-    "flashar": DecoderSpec(FlashARPolicy),
     # peers of 2025-26 as their authors release them (docs/decoders.md, "Peers"): their windows from their repos
     "scd": DecoderSpec(SCDPolicy, ("window", "accept"), {"window": 32}),
     "sjd-pac": DecoderSpec(SJDPACPolicy, ("window",), {"window": 64}),
     "gsd": DecoderSpec(GSDPolicy, ("window",), {"window": 16}),
+    # FlashAR checkpoints only (families/flashar.py); its own loop (flashar_decode.py)
+    "flashar": DecoderSpec(FlashARPolicy),
 }
 DECODERS = tuple(DECODER_SPECS)
 # the decoders of the engine's one loop, which run on every model (flashar runs on its own checkpoint only)
