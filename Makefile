@@ -45,7 +45,8 @@ test: install
 # the fast tier (about 2 minutes on 2 cores): ssd-exact == ar and every decoder on tiny models, the families and
 # their released layouts, the nodes, the workflows, the widget. tests/README.md maps each module to its tests.
 FAST_TESTS := engine_exact exact_without_heads batch batch_cache drafters reanchor acceptance decoder_params seeds \
-	errors family_janus family_emu3 family_lumina family_heads released_janus_emu3 released_lumina family_lumina2 loading \
+	errors family_janus family_emu3 family_lumina family_heads released_janus_emu3 released_lumina family_lumina2 \
+	family_emu35 flashar ibq loading \
 	check_model calibrate calibration_cache heads_inputs heads_width vertical_shift hub_heads vqgan \
 	nodes_sampler nodes_declarations nodes_trace nodes_comfy_glue nodes_new_family bad_inputs_nodes \
 	bad_inputs_outputs workflows readme docs_links
