@@ -292,8 +292,8 @@ def test_the_closeness_rules_pass_rounding_and_catch_a_broken_cache(monkeypatch)
     assert misses(closeness(fp32, static32, 0, tokens), "fp32") == []  # another cache's fp32 rounding
     assert misses(closeness(fp32, bf16, 0, tokens), "bf16") == []  # all of bf16's rounding
     assert misses(closeness(bf16, static16, 0, tokens), "bf16") == []  # another cache's bf16 rounding
-    monkeypatch.setattr(StaticSession, "_positions", lambda self, held, width:
-                        KVSession._positions(self, held, width) + 1, raising=False)  # positions one off
+    monkeypatch.setattr(StaticSession, "_positions", lambda self, held, width, offsets=None:
+                        KVSession._positions(self, held, width, offsets) + 1, raising=False)  # positions one off
     assert "tv_mean" in misses(closeness(fp32, static32, 0, tokens), "fp32")
     monkeypatch.undo()
     allowed = StaticSession._allowed
