@@ -140,7 +140,9 @@ class SSDLoadHeads(io.ComfyNode):
             category=CATEGORY,
             description=("Adds draft heads (a .safetensors file in ComfyUI/models/ssd_heads) to a model: small "
                          "layers that guess rows ahead. ssd needs them; ssd-exact is faster with them; ar and the "
-                         "peers (sjd, scd, sjd-pac, zipar, gsd) do not use them. 'reference' / 'reference-48' = the heads of the bundled models (each for its own model)."),
+                         "peers (sjd, scd, sjd-pac, zipar, gsd) do not use them. 'reference' / 'reference-48' = the "
+                         "heads of the bundled models (each for its own model). FlashAR's heads come inside its "
+                         "checkpoint (load Emu3.5-Image-FlashAR, decoder flashar): no heads file."),
             inputs=[
                 SSD_MODEL.Input("ssd_model"),
                 io.Combo.Input("heads", options=_folders.heads_choices(), default=_folders.BUNDLED,

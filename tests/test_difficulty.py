@@ -14,7 +14,7 @@ from ssd_core.sampling import guide, log_probs, settings_from
 
 def test_the_sweep_writes_its_json_and_plot_and_follows_the_temperature(tmp_path):
     out, png = tmp_path / "difficulty.json", tmp_path / "difficulty.png"
-    rc = cli.main(["bench", "--model", "reference", "--heads", "reference", "--decoders", "ar,ssd-exact,ssd",
+    rc = cli.main(["bench", "--model", "reference", "--heads", "reference", "--decoders", "ar,ssd-exact",
                    "--images", "1", "--grid", "8x8", "--difficulty", "--temperatures", "0.8,1.6", "--json", str(out),
                    "--plot", str(png)])
     assert rc == 0
@@ -23,7 +23,7 @@ def test_the_sweep_writes_its_json_and_plot_and_follows_the_temperature(tmp_path
     assert [(p["temperature"], p["cfg"]) for p in pts] == [(0.8, 4.0), (1.6, 4.0), (1.0, 2.5)]  # + the weaker cfg
     assert pts[0]["top1"] > pts[1]["top1"] and pts[0]["entropy"] < pts[1]["entropy"]  # hotter: less certain
     for p in pts:
-        assert 0 < p["top1"] <= 1 and p["entropy"] >= 0 and set(p["rows"]) == {"ar", "ssd-exact", "ssd"}
+        assert 0 < p["top1"] <= 1 and p["entropy"] >= 0 and set(p["rows"]) == {"ar", "ssd-exact"}
         assert p["rows"]["ar"]["step_ratio"] == 1.0 and p["rows"]["ssd-exact"]["identical_to_ar"] is True
     assert Image.open(png).size == (640, 440)
 
