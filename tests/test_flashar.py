@@ -14,7 +14,6 @@ The release decodes with KV caches; this re-creation runs its full-sequence step
 step_positions / prev_positions) at every step, which computes the same features: it checks the pack's caches too.
 """
 import json
-import math
 import shutil
 
 import pytest
@@ -23,7 +22,7 @@ import torch
 import ssd_core
 from conftest import load_pack, run
 from released_emu35 import FIRST_VISUAL, ReleaseEmu35
-from released_flashar import VERTICAL_LAYERS, VERTICAL_START, build_flashar_released
+from released_flashar import VERTICAL_LAYERS, build_flashar_released
 from ssd_core import cli, flashar_decode
 from ssd_core.families.flashar import FlashARModel
 from ssd_core.sampling import SamplerSettings, gumbel
@@ -175,6 +174,7 @@ def test_sampled_flashar_equals_the_release_sampler_with_the_pack_noise(fa, rele
 
 
 def test_steps_are_the_anti_diagonals(fa):
+    assert isinstance(fa, FlashARModel) and fa.family == "emu3.5-flashar" and fa.default_grid == (32, 32)
     t = pack(fa, "a red cat", 5.0, seed=1, temperature=1.0)
     H, W = GRID
     assert t.steps == H + W - 1 and t.decoder == "flashar"

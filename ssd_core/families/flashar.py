@@ -36,13 +36,11 @@ from .. import model_files
 from ..errors import SSDError
 from ..session import Layout, Prompt
 from . import common
-from .emu35 import REPO as BASE_REPO
 from .emu35 import TEMPLATE, Emu35Model, released_config
 from .base import ImageRowsHead
 from .emu35_tokenizer import Emu35Tokenizer
 
 REPO = "lxazjk/Emu3.5-Image-FlashAR"
-CODE_REPO = "lxazjk/Emu3.5-FlashAR"
 UPSTREAM_GRID = (32, 32)  # its README and HF card: "the default 32 x 32 visual-token grid" (512 px)
 
 
