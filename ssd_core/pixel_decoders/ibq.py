@@ -14,7 +14,6 @@ from safetensors only, the config as JSON in the file's metadata (key `ssd_ibq_c
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .decoder_file import DecoderFile, write_state
 
 METADATA_KEY = "ssd_ibq_config"
 FILE_NAME = "ibq.safetensors"
@@ -173,8 +174,11 @@ class _Quantize(nn.Module):
         self.embedding = nn.Embedding(n_embed, embed_dim)  # [codes, embed_dim]
 
 
-class IBQDecoder(nn.Module):
+class IBQDecoder(DecoderFile):
     """Codes [B, h, w] -> pixels [B, 3, 16h, 16w] in [-1, 1] (the released tokenizer: f = 16)."""
+
+    what, config_class, metadata_key, file_format = "IBQ", IBQConfig, METADATA_KEY, "ssd-ibq-decoder"
+    convert_fix = CONVERT_FIX
 
     def __init__(self, cfg: IBQConfig | None = None):
         super().__init__()
@@ -194,61 +198,10 @@ class IBQDecoder(nn.Module):
         zq = self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()  # [B, embed_dim, H, W]
         return self.decoder(self.post_quant_conv(zq))
 
-    @torch.no_grad()
-    def decode_to_image(self, codes: torch.Tensor) -> torch.Tensor:
-        """[B, H, W] codes -> [B, 16H, 16W, 3] in [0, 1] (the release's decode_image: (x + 1) * 127.5, clamped)."""
-        return ((self.forward(codes).float().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).contiguous()
-
-    # ---- files ---------------------------------------------------------------------------------------------
-    def save(self, path) -> None:
-        save_state(self.state_dict(), self.config, path)
-
-    @staticmethod
-    def check_file(path) -> IBQConfig:
-        """The file's config and tensor shapes against it, from the header alone (no tensor data read)."""
-        from safetensors import safe_open
-
-        from ..errors import SSDError
-
-        path = os.fspath(path)
-        fix = CONVERT_FIX.format(folder=os.path.dirname(os.path.abspath(path)))
-        if not path.endswith(".safetensors") or not os.path.isfile(path):
-            raise SSDError(f"IBQ decoder {path}: not a .safetensors file; {fix}")
-        try:
-            with safe_open(path, framework="pt") as f:
-                meta = f.metadata() or {}
-                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-            cfg = IBQConfig(**json.loads(meta[METADATA_KEY])).validate()
-        except Exception as err:  # noqa: BLE001 -- a damaged header, missing metadata, a config of other fields
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise SSDError(f"{path} is not a converted IBQ decoder ({first}); {fix}") from None
-        wrong = _wrong_shapes(cfg, shapes)
-        if wrong:
-            raise SSDError(f"{path}: its tensors do not fit its config (first: {wrong[0]}); {fix}")
-        return cfg
-
-    @classmethod
-    def load(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "IBQDecoder":
-        from safetensors.torch import load_file
-
-        module = cls(cls.check_file(path))
-        module.load_state_dict(load_file(os.fspath(path)), strict=True)
-        return module.to(device=device, dtype=dtype).eval()
-
-
-def _wrong_shapes(cfg: IBQConfig, shapes: dict) -> list[str]:
-    """'name: shape in the file, shape wanted' for every tensor missing, extra or of another shape, sorted."""
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in IBQDecoder(cfg).state_dict().items()}
-    return [f"{k}: {shapes.get(k)} in the file, {want.get(k)} wanted"
-            for k in sorted(set(want) | set(shapes)) if want.get(k) != shapes.get(k)]
 
 
 def save_state(state: dict, cfg: IBQConfig, path) -> None:
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, os.fspath(path),
-              metadata={METADATA_KEY: json.dumps(asdict(cfg), sort_keys=True), "format": "ssd-ibq-decoder"})
+    write_state(IBQDecoder, state, cfg, path)
 
 
 def find_ibq(folder) -> str | None:
@@ -357,7 +310,7 @@ def convert(ckpt_path, config_yaml_path, out_path) -> IBQConfig:
     if "quantize.embedding.weight" not in state or not any(k.startswith("decoder.") for k in state):
         raise ConversionError(f"{os.fspath(ckpt_path)!r} holds no IBQ decoder (no quantize.embedding.weight and "
                               f"decoder.* tensors): is it {REPO}'s model.ckpt?")
-    wrong = _wrong_shapes(cfg, {k: tuple(v.shape) for k, v in state.items()})
+    wrong = IBQDecoder.wrong_shapes(cfg, {k: tuple(v.shape) for k, v in state.items()})
     if wrong:
         raise ConversionError(f"{os.fspath(ckpt_path)!r} does not fit {os.fspath(config_yaml_path)!r} "
                               f"({len(wrong)} tensors differ, first: {wrong[0]}): are they the same release's?")

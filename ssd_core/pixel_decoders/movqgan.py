@@ -13,7 +13,6 @@ load from safetensors only, the config as JSON in the file's metadata (key `ssd_
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .decoder_file import DecoderFile, write_state
 
 METADATA_KEY = "ssd_movqgan_config"
 FILE_NAME = "movqgan.safetensors"
@@ -162,8 +163,11 @@ class _Quantize(nn.Module):
         self.embedding = nn.Embedding(n_embed, embed_dim)  # [codes, embed_dim]
 
 
-class MoVQDecoder(nn.Module):
+class MoVQDecoder(DecoderFile):
     """Codes [B, H, W] -> pixels [B, 3, 8H, 8W] in [-1, 1] (270M: f = 8)."""
+
+    what, config_class, metadata_key, file_format = "MoVQGAN", MoVQConfig, METADATA_KEY, "ssd-movqgan-decoder"
+    convert_fix = CONVERT_FIX
 
     def __init__(self, cfg: MoVQConfig | None = None):
         super().__init__()
@@ -183,56 +187,10 @@ class MoVQDecoder(nn.Module):
         zq = self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()  # [B, embed_dim, H, W]
         return self.decoder(self.post_quant_conv(zq), zq)
 
-    @torch.no_grad()
-    def decode_to_image(self, codes: torch.Tensor) -> torch.Tensor:
-        """[B, H, W] codes -> [B, 8H, 8W, 3] in [0, 1] (the release's show_images: (x + 1) * 127.5, clamped)."""
-        return ((self.forward(codes).float().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).contiguous()
-
-    # ---- files ---------------------------------------------------------------------------------------------
-    def save(self, path) -> None:
-        save_state(self.state_dict(), self.config, path)
-
-    @staticmethod
-    def check_file(path) -> MoVQConfig:
-        """The file's config and tensor shapes against it, from the header alone (no tensor data read)."""
-        from safetensors import safe_open
-
-        path = os.fspath(path)
-        fix = CONVERT_FIX.format(folder=os.path.dirname(os.path.abspath(path)))
-        from ..errors import SSDError
-
-        if not path.endswith(".safetensors") or not os.path.isfile(path):
-            raise SSDError(f"MoVQGAN decoder {path}: not a .safetensors file; {fix}")
-        try:
-            with safe_open(path, framework="pt") as f:
-                meta = f.metadata() or {}
-                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-            cfg = MoVQConfig(**json.loads(meta[METADATA_KEY])).validate()
-        except Exception as err:  # noqa: BLE001 -- a damaged header, missing metadata, a config of other fields
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise SSDError(f"{path} is not a converted MoVQGAN decoder ({first}); {fix}") from None
-        with torch.device("meta"):
-            want = {k: tuple(v.shape) for k, v in MoVQDecoder(cfg).state_dict().items()}
-        wrong = sorted(k for k in set(want) | set(shapes) if want.get(k) != shapes.get(k))
-        if wrong:
-            raise SSDError(f"{path}: its tensors do not fit its config (first: {wrong[0]}: {shapes.get(wrong[0])} "
-                           f"in the file, {want.get(wrong[0])} wanted); {fix}")
-        return cfg
-
-    @classmethod
-    def load(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "MoVQDecoder":
-        from safetensors.torch import load_file
-
-        module = cls(cls.check_file(path))
-        module.load_state_dict(load_file(os.fspath(path)), strict=True)
-        return module.to(device=device, dtype=dtype).eval()
 
 
 def save_state(state: dict, cfg: MoVQConfig, path) -> None:
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, os.fspath(path),
-              metadata={METADATA_KEY: json.dumps(asdict(cfg), sort_keys=True), "format": "ssd-movqgan-decoder"})
+    write_state(MoVQDecoder, state, cfg, path)
 
 
 def infer_config(state: dict, resolution: int = 256) -> MoVQConfig:
