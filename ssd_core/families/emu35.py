@@ -158,29 +158,37 @@ class Emu35Model(TextGridModel):
     def load(cls, folder, dtype=None, device="cpu", download=None, ibq=None, **kwargs):
         """`ibq`: an IBQDecoder or the path of its safetensors file (default: ibq.safetensors in the folder). The
         tokenizer files and the decoder's header are checked before any weights load."""
-        from ..pixel_decoders import ibq as ibq_module
-
         folder = cls.ensure_folder(folder, download)
         if not _has_qk_norms(folder):
             raise SSDError(f"{folder} holds weights with no q_norm / k_norm: it is BAAI/Emu3-Gen's remote-code release "
                            "(Emu3, not Emu3.5), which says model_type 'Emu3' too; load BAAI/Emu3-Gen-hf as family "
                            f"'emu3' instead, or download {REPO} for Emu3.5")
         tokenizer = Emu35Tokenizer.from_folder(folder)  # an SSDError naming the files when they are missing
-        if ibq is None:
-            found = ibq_module.find_ibq(folder)
-            if found is None:
-                pickled = ibq_module.pickled_checkpoints(folder)
-                what = f"holds only the pickle {pickled[0].name}, which the pack never unpickles" if pickled \
-                    else "has no ibq.safetensors (Emu3.5's IBQ pixel decoder)"
-                raise SSDError(f"the Emu3.5 folder {folder} {what}: {ibq_module.CONVERT_FIX.format(folder=folder)}")
-            model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file")
-            ibq_module.IBQDecoder.check_file(found)
-            ibq = found
-        elif isinstance(ibq, (str, Path)) and not Path(ibq).is_file():
-            raise SSDError(f"IBQ file {ibq} does not exist; {ibq_module.CONVERT_FIX.format(folder=folder)}")
+        ibq = cls.checked_ibq(folder, ibq)
         options = {k: kwargs.pop(k) for k in cls.load_options if k in kwargs}
         model = model_files.load_pretrained(cls.model_class(folder), folder, dtype, device, **kwargs)
         return cls(model, tokenizer, Path(folder), ibq=ibq, **options)
+
+    @classmethod
+    def checked_ibq(cls, folder, ibq=None):
+        """The IBQ decoder to use: `ibq` as given (an IBQDecoder, or a path that must exist), else the folder's
+        ibq.safetensors, its header and config checked; one SSDError line naming the fix otherwise."""
+        from ..pixel_decoders import ibq as ibq_module
+
+        fix = ibq_module.CONVERT_FIX.format(folder=folder)
+        if ibq is not None:
+            if isinstance(ibq, (str, Path)) and not Path(ibq).is_file():
+                raise SSDError(f"IBQ file {ibq} does not exist; {fix}")
+            return ibq
+        found = ibq_module.find_ibq(folder)
+        if found is None:
+            pickled = ibq_module.pickled_checkpoints(folder)
+            what = f"holds only the pickle {pickled[0].name}, which the pack never unpickles" if pickled \
+                else "has no ibq.safetensors (Emu3.5's IBQ pixel decoder)"
+            raise SSDError(f"the {cls.name} folder {folder} {what}: {fix}")
+        model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file")
+        ibq_module.IBQDecoder.check_file(found)
+        return found
 
     # ---- the contract ----------------------------------------------------------------------------------------
     def backbone(self):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -167,19 +166,10 @@ class FlashARModel(Emu35Model):
 
     @classmethod
     def load(cls, folder, dtype=None, device="cpu", download=None, ibq=None, **kwargs):
-        from ..pixel_decoders import ibq as ibq_module
-
         folder = cls.ensure_folder(folder, download)
         cfg = read_flashar_config(folder)
         tokenizer = Emu35Tokenizer.from_folder(folder)
-        if ibq is None:
-            found = ibq_module.find_ibq(folder)
-            if found is None:
-                raise SSDError(f"the FlashAR folder {folder} has no ibq.safetensors (Emu3.5's IBQ pixel decoder): "
-                               f"{ibq_module.CONVERT_FIX.format(folder=folder)}")
-            model_files.inside(folder, os.path.relpath(found, folder), "the IBQ file")
-            ibq_module.IBQDecoder.check_file(found)
-            ibq = found
+        ibq = cls.checked_ibq(folder, ibq)
         options = {k: kwargs.pop(k) for k in ("grid",) if k in kwargs}
         # config.json is FlashAR's (model_type "emu3_flashar", which no transformers class reads): the config
         # comes from its backbone_config
