@@ -24,7 +24,7 @@ import torch
 from ..errors import SSDError
 from ..session import Layout, Prompt
 from . import common
-from .text import PROMPT_ALLOWANCE, TextGridModel
+from .text import TextGridModel
 
 IMAGE_START, IMAGE_END = "<|image start|>", "<|image end|>"
 IMAGE_WRAPPER, EOL, EOF = "<|image token|>", "<|extra_200|>", "<|extra_201|>"
@@ -108,19 +108,11 @@ class Emu3Model(TextGridModel):
         H, W = grid
         return H * (W + 1) + 3
 
-    def check_grid(self, grid):
-        H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
-        limit = self.max_positions - PROMPT_ALLOWANCE
-        if H < 1 or W < 1 or self.sequence_length((H, W)) > limit:
-            raise SSDError(f"Emu3 cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} positions, "
-                           f"{limit} are free after the prompt; choose a smaller grid (e.g. "
-                           f"{self.default_grid[0]}x{self.default_grid[1]})")
-        return (H, W)
+    check_grid = TextGridModel.check_grid_positions  # any H x W its positions hold
 
     def grid_options(self):
         """The default area at Emu3's processor's aspect ratios (its `calculate_generate_size`)."""
-        return [g for g in ratio_grids(self.default_grid)
-                if g == tuple(self.default_grid) or self.sequence_length(g) <= self.max_positions - PROMPT_ALLOWANCE]
+        return [g for g in ratio_grids(self.default_grid) if g == tuple(self.default_grid) or self.fits(g)]
 
     def layout(self, grid=None) -> Layout:
         return Layout.build(self.check_grid(grid), self.eol_id, (self.eof_id, self.eoi_id, self.eos_id))

@@ -40,7 +40,7 @@ from ..session import Layout, Prompt
 from . import common
 from .emu35_tokenizer import FILES as TOKENIZER_FILES
 from .emu35_tokenizer import SUBFOLDER, Emu35Tokenizer, tokenizer_folder
-from .text import PROMPT_ALLOWANCE, TextGridModel
+from .text import TextGridModel
 
 REPO = "BAAI/Emu3.5-Image"
 VISION_REPO = "BAAI/Emu3.5-VisionTokenizer"
@@ -201,21 +201,12 @@ class Emu35Model(TextGridModel):
         H, W = grid
         return H * (W + 1)  # rows of W + a row end, the last row's end being the image end
 
-    def check_grid(self, grid):
-        H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
-        limit = self.max_positions - PROMPT_ALLOWANCE
-        if H < 1 or W < 1 or self.sequence_length((H, W)) > limit:
-            raise SSDError(f"Emu3.5 cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} "
-                           f"positions, {limit} are free after the prompt; choose a smaller grid (e.g. "
-                           f"{self.default_grid[0]}x{self.default_grid[1]})")
-        return (H, W)
+    check_grid = TextGridModel.check_grid_positions  # any H x W its positions hold
 
     def grid_options(self):
         """The default grid, then the release's aspect list (example_config_t2i.py) where it fits."""
         out = [tuple(self.default_grid)]
-        for g in ASPECTS.values():
-            if g not in out and self.sequence_length(g) <= self.max_positions - PROMPT_ALLOWANCE:
-                out.append(g)
+        out += [g for g in ASPECTS.values() if g not in out and self.fits(g)]
         return out
 
     def layout(self, grid=None) -> Layout:

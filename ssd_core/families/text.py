@@ -57,11 +57,26 @@ class TextGridModel(GridModel):
         """Positions a grid takes after the prompt (image tokens and the forced ones)."""
         raise NotImplementedError
 
+    def fits(self, grid) -> bool:
+        """Whether the grid's positions fit the model's after the prompt (PROMPT_ALLOWANCE kept for it)."""
+        return self.sequence_length(grid) <= self.max_positions - PROMPT_ALLOWANCE
+
     def largest_square(self, side: int, step: int = 1, smallest: int = 1) -> tuple[int, int]:
         """The upstream side x side grid, or the largest square (side down by `step`) that fits the positions."""
-        while side > smallest and self.sequence_length((side, side)) > self.max_positions - PROMPT_ALLOWANCE:
+        while side > smallest and not self.fits((side, side)):
             side -= step
         return (side, side)
+
+    def check_grid_positions(self, grid) -> tuple[int, int]:
+        """check_grid of a family that draws any size its positions hold (Emu3, Emu3.5): (H, W) of `grid` (None:
+        the default), or one SSDError line naming the positions it needs and the default grid."""
+        H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
+        limit = self.max_positions - PROMPT_ALLOWANCE
+        if H < 1 or W < 1 or not self.fits((H, W)):
+            raise SSDError(f"{self.name} cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} "
+                           f"positions, {limit} are free after the prompt; choose a smaller grid (e.g. "
+                           f"{self.default_grid[0]}x{self.default_grid[1]})")
+        return (H, W)
 
     # ---- prompts ---------------------------------------------------------------------------------------------
     def check_text(self, prompt) -> str:
