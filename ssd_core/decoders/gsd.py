@@ -18,8 +18,8 @@ a new slot starts as a uniform random code with q one-hot on it (multi_token_ini
 import torch
 
 from ..run import Policy, Run
-from ..sampling import residual
 from .drafting import WindowDrafter
+from .sjd import jacobi_verify
 
 BELOW, ABOVE = 7, 7  # the group: ranks [rank - 7, rank + 7) of the ascending logit order (logit_sort_idx)
 P_THR = 0.15  # |p(y) - p(x)| < p_thr (is_in_p_thr)
@@ -62,32 +62,8 @@ class GSDPolicy(Policy):
         return run.model.embed(run.index.id_of_code[codes].flatten()[None])[0].view(*codes.shape, -1)
 
     def update(self, run: Run, logits, features) -> None:
-        C, end = run.cached, run.end
-        a, b = run.open_span(C, end)
-        whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
-        if b > a:
-            slots = run.index.image_ids[a:b]
-            logp = run.logp(logits[:, slots - C], slots)
-            p = logp.exp()  # [n, V]
-            q = run.q_at(a, b)
-            tok = run.codes[slots]
-            ok = run.uniform(b - a) < group_acceptance(logp, q, tok, lambda codes: self.embed(run, codes))
-            lead = ok.long().cumprod(0).sum()  # accepted in prefix order
-            order = run.index.slot_ids[:b - a]
-            fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
-            redraw = run.sample_probs(p)  # Jacobi: the rest from their new p
-            codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
-            run.set_tokens(slots, codes, draft=order > lead)
-            run.finalize(slots, order <= lead)
-            run.put_q(a, p)
-            kept = run.sync(lead)[0]
-            whole = kept == b - a
-            run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
-        if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-            s = run.end  # the token after a window kept whole: an exact sample
-            one = run.index.slots(s, s + 1)
-            run.set_tokens(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
-            run.finalize(one)
-            run.advance(s + 1)
-            run.set_end(s + 1)
+        jacobi_verify(run, logits,
+                      lambda logp, p, q, tok: group_acceptance(logp, q, tok, lambda codes: self.embed(run, codes)),
+                      lambda logp, p, a, b: run.sample_probs(p),  # Jacobi: the rest from their new p
+                      lambda logp, s: run.sample(logp))  # an exact sample
         self.drafter.draft(run, run.index.L)

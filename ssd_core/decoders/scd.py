@@ -27,13 +27,12 @@ Gumbel-coupled variant (GS) is the natural one, and the one ported.
 """
 from enum import IntEnum
 
-import torch
-
 from .. import exactness
 from ..run import Policy, Run
-from ..sampling import acceptance, residual
+from ..sampling import acceptance
 from .drafting import WindowDrafter
 from .exact import verify
+from .sjd import jacobi_verify
 
 
 class Accept(IntEnum):
@@ -61,32 +60,9 @@ class SCDPolicy(Policy):
             self.drafter.draft(run, run.index.L)
 
     def _ratio(self, run: Run, logits) -> None:
-        C, end = run.cached, run.end
-        a, b = run.open_span(C, end)
-        whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
-        if b > a:
-            slots = run.index.image_ids[a:b]
-            logp = run.logp(logits[:, slots - C], slots)
-            p = logp.exp()  # [n, V]
-            q = run.q_at(a, b)
-            tok = run.codes[slots]
-            ok = run.uniform(b - a) < acceptance(p, q, tok)
-            lead = ok.long().cumprod(0).sum()  # accepted in prefix order
-            order = run.index.slot_ids[:b - a]
-            fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual, fresh
-            picks = run.gumbel_sample(logp, a, b)  # the rest: the verifier's picks with each slot's own noise
-            codes = torch.where(order < lead, tok, torch.where(order == lead, fix, picks))
-            run.set_tokens(slots, codes, draft=order > lead)
-            run.finalize(slots, order <= lead)
-            run.put_q(a, p)  # the picks are draws of p (the final ones are not read again)
-            kept = run.sync(lead)[0]
-            whole = kept == b - a
-            run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
-        if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-            s = run.end  # the token after a window kept whole: the verifier's pick
-            one = run.index.slots(s, s + 1)
-            r = run.index.images_before[s]
-            run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, s - C:s - C + 1], one), r, r + 1), draft=False)
-            run.finalize(one)
-            run.advance(s + 1)
-            run.set_end(s + 1)
+        jacobi_verify(run, logits, lambda logp, p, q, tok: acceptance(p, q, tok),
+                      # the rest: the verifier's picks with each slot's own noise (draws of p)
+                      lambda logp, p, a, b: run.gumbel_sample(logp, a, b),
+                      # the token after a window kept whole: the verifier's pick
+                      lambda logp, s: run.gumbel_sample(logp, run.index.images_before[s],
+                                                        run.index.images_before[s] + 1))

@@ -21,31 +21,42 @@ class SJDPolicy(Policy):
         self.drafter = WindowDrafter(self.window)  # the window's guesses: the token above, else uniform random
 
     def update(self, run: Run, logits, features) -> None:
-        C, end = run.cached, run.end
-        a, b = run.open_span(C, end)
-        whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
-        if b > a:
-            slots = run.index.image_ids[a:b]
-            p = run.logp(logits[:, slots - C], slots).exp()  # [n, V] on the model's device
-            q = run.q_at(a, b)
-            tok = run.codes[slots]
-            ok = run.uniform(b - a) < acceptance(p, q, tok)
-            lead = ok.long().cumprod(0).sum()  # accepted in prefix order
-            order = run.index.slot_ids[:b - a]
-            fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
-            redraw = run.sample_probs(p)  # Jacobi: the rest from their new p
-            codes = torch.where(order < lead, tok, torch.where(order == lead, fix, redraw))
-            run.set_tokens(slots, codes, draft=order > lead)
-            run.finalize(slots, order <= lead)
-            run.put_q(a, p)  # the redrawn ones are samples of p (the final ones are not read again)
-            kept = run.sync(lead)[0]
-            whole = kept == b - a
-            run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
-        if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-            s = run.end  # the token after a window kept whole: an exact sample (a fixed last token: next step)
-            one = run.index.slots(s, s + 1)
-            run.set_tokens(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
-            run.finalize(one)
-            run.advance(s + 1)
-            run.set_end(s + 1)
+        jacobi_verify(run, logits, lambda logp, p, q, tok: acceptance(p, q, tok),
+                      lambda logp, p, a, b: run.sample_probs(p),  # Jacobi: the rest from their new p
+                      lambda logp, s: run.sample(logp))  # an exact sample (a fixed last token: next step)
         self.drafter.draft(run, run.index.L)
+
+
+def jacobi_verify(run: Run, logits, accept, redraw, pick_next) -> None:
+    """SJD's check of the open window, shared by sjd, scd and gsd: drafts are kept in prefix order while a uniform
+    falls below accept(logp, p, q, tokens) [n]; the first one rejected is drawn from norm(max(0, p - q)) and is final;
+    the rest become the next drafts, redraw(logp, p, a, b) [n]; after a window kept whole, the token after it is
+    pick_next(logp [1, V], slot) (from a window with a rejected draft it waits for the next forward)."""
+    C, end = run.cached, run.end
+    a, b = run.open_span(C, end)
+    whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
+    if b > a:
+        slots = run.index.image_ids[a:b]
+        logp = run.logp(logits[:, slots - C], slots)
+        p = logp.exp()  # [n, V] on the model's device
+        q = run.q_at(a, b)
+        tok = run.codes[slots]
+        ok = run.uniform(b - a) < accept(logp, p, q, tok)
+        lead = ok.long().cumprod(0).sum()  # accepted in prefix order
+        order = run.index.slot_ids[:b - a]
+        fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
+        rest = redraw(logp, p, a, b)
+        codes = torch.where(order < lead, tok, torch.where(order == lead, fix, rest))
+        run.set_tokens(slots, codes, draft=order > lead)
+        run.finalize(slots, order <= lead)
+        run.put_q(a, p)  # the redrawn ones are draws of p (the final ones are not read again)
+        kept = run.sync(lead)[0]
+        whole = kept == b - a
+        run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
+    if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
+        s = run.end  # the token after a window kept whole
+        one = run.index.slots(s, s + 1)
+        run.set_tokens(one, pick_next(run.logp(logits[:, s - C:s - C + 1], one), s), draft=False)
+        run.finalize(one)
+        run.advance(s + 1)
+        run.set_end(s + 1)
