@@ -197,7 +197,7 @@ class ComfyServer:
         raise AssertionError(f"/history has no entry for {pid}")
 
 
-def api_workflow(name="SSD bundled model - ar vs ssd-exact vs ssd"):
+def api_workflow(name="SSD Bundled 24x24 model - ar vs ssd-exact vs ssd"):
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
@@ -297,10 +297,10 @@ def test_widget_and_templates_are_served(server):
     assert f"/extensions/{PACK_NAME}/ssd_grid_core.js" in exts
     assert "registerExtension" in server.get(f"/extensions/{PACK_NAME}/ssd_grid.js").text
     templates = server.get("/workflow_templates").json()
-    assert "SSD bundled model - ar vs ssd-exact vs ssd" in templates[PACK_NAME]
-    wf = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD bundled model - ar vs ssd-exact vs ssd.json").json()
+    assert "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd" in templates[PACK_NAME]
+    wf = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD Bundled 24x24 model - ar vs ssd-exact vs ssd.json").json()
     assert {n["type"] for n in wf["nodes"]} >= {"SSDLoadModel", "SSDSampler"}
-    thumb = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD bundled model - ar vs ssd-exact vs ssd.jpg").content
+    thumb = server.get(f"/api/workflow_templates/{PACK_NAME}/SSD Bundled 24x24 model - ar vs ssd-exact vs ssd.jpg").content
     assert thumb[:3] == b"\xff\xd8\xff"
 
 
@@ -412,7 +412,7 @@ def test_family_workflows_only_miss_their_downloads(server):
     """Saved before the V3 nodes, the family workflows still validate in every input but the downloads."""
     checked = 0
     for path in sorted(API_DIR.glob("*.json")):
-        if path.stem.startswith("SSD bundled"):  # the bundled models' templates need no download
+        if path.stem.startswith("SSD Bundled"):  # the bundled models' templates need no download
             continue
         r = server.post("/prompt", {"prompt": json.loads(path.read_text()), "client_id": server.client_id})
         assert r.status_code == 400, path.name

@@ -52,7 +52,7 @@ def ui_widget_inputs(node):
 
 def test_every_workflow_has_an_api_copy_and_a_thumbnail():
     names = [p.stem for p in ui_files()]
-    assert "SSD bundled model - ar vs ssd-exact vs ssd" in names
+    assert "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd" in names
     assert {"SSD Janus-Pro 7B - ar vs ssd-exact", "SSD Emu3 - ar vs ssd-exact", "SSD Lumina-mGPT 7B - ar vs ssd-exact"} <= set(names)
     for name in names:
         assert (API_DIR / f"{name}.json").is_file(), f"tests/workflows_api/{name}.json is missing"
@@ -60,6 +60,16 @@ def test_every_workflow_has_an_api_copy_and_a_thumbnail():
         assert jpg.is_file(), f"thumbnail example_workflows/{name}.jpg is missing"
         assert jpg.read_bytes()[:3] == b"\xff\xd8\xff", f"{jpg.name} is not a JPEG"
     assert sorted(p.stem for p in API_DIR.glob("*.json")) == sorted(names)
+
+
+def test_the_bundled_templates_come_first():
+    """The template browser lists a pack's templates in the order ComfyUI gives (sorted file names since ComfyUI
+    sorts them; the frontend's own sort compares without case): the bundled 24x24 model, which runs at once,
+    leads, then its 48x48 sibling, before any template that needs a download of gigabytes."""
+    names = [p.stem for p in ui_files()]
+    bundled = ["SSD Bundled 24x24 model - ar vs ssd-exact vs ssd", "SSD Bundled 48x48 model - ar vs ssd-exact vs ssd"]
+    for order in (sorted(names), sorted(names, key=str.casefold)):
+        assert order[:2] == bundled, order
 
 
 @pytest.mark.parametrize("path", ui_files(), ids=lambda p: p.stem)
@@ -124,7 +134,7 @@ def test_api_workflow_fits_the_node_inputs(path):
 
 def test_reference_workflow_runs_on_install():
     """Only the bundled model and heads, and only core nodes every ComfyUI has."""
-    api = json.loads((API_DIR / "SSD bundled model - ar vs ssd-exact vs ssd.json").read_text())
+    api = json.loads((API_DIR / "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd.json").read_text())
     types = {n["class_type"] for n in api.values()}
     assert types <= {"SSDLoadModel", "SSDLoadHeads", "SSDSampler", "SSDTraceToImage"} | set(CORE_WIDGETS)
     decoders = sorted(n["inputs"]["decoder"] for n in api.values() if n["class_type"] == "SSDSampler")

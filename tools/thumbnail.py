@@ -2,7 +2,7 @@
 prompt and seed, the model's defaults), each image above its status grid. download_card: a downloaded model's
 template thumbnail, drawn from runs of its tiny random twin.
 
-  python -m tools.thumbnail [--model reference] [--prompt face] [--seed 42] [--out example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg]
+  python -m tools.thumbnail [--model reference] [--prompt face] [--seed 42] [--out example_workflows/SSD Bundled 24x24 model - ar vs ssd-exact vs ssd.jpg]
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default="face")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--model", default="reference", help="reference or reference-48")
-    ap.add_argument("--out", default="example_workflows/SSD bundled model - ar vs ssd-exact vs ssd.jpg")
+    ap.add_argument("--out", default="example_workflows/SSD Bundled 24x24 model - ar vs ssd-exact vs ssd.jpg")
     a = ap.parse_args(argv)
     thumbnail(a.prompt, a.seed, model_name=a.model).save(a.out, quality=90)
     print(f"wrote {a.out}")

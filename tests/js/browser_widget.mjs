@@ -10,7 +10,7 @@ import { join } from "node:path";
 
 const URL = process.env.SSD_URL ?? "http://127.0.0.1:8188";
 const PACK = process.env.SSD_PACK_NAME ?? "ComfyUI-SSD";
-const WORKFLOW = process.env.SSD_WORKFLOW ?? "SSD bundled model - ar vs ssd-exact vs ssd";
+const WORKFLOW = process.env.SSD_WORKFLOW ?? "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd";
 const OUT = process.env.SSD_OUT ?? "out";
 const TIMEOUT = Number(process.env.SSD_RUN_TIMEOUT_S ?? 600) * 1000;
 const CHROMIUM = process.env.SSD_CHROMIUM ?? "/usr/bin/chromium";
