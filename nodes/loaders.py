@@ -89,6 +89,7 @@ class SSDLoadModel(io.ComfyNode):
             loaded = ssd_core.load_model(path, dtype=dtype, device=dev, quantization=quantization, offload=offload,
                                          free_bytes=_devices.free_vram(dev) if offload == "auto" else None,
                                          compile=compile)
+            loaded.shown_as = model  # messages name the model as picked from the list, never its family's code name
             patcher = _patcher.manage(loaded, dev)
             calibration = calibration_of(loaded)  # shared by every load of this model (calibrate.py)
             if calibration.path is None:

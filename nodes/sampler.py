@@ -216,7 +216,7 @@ def _check(ssd_model, decoder, negative_prompt):
         raise SSDError(f"decoder '{decoder}' drafts with heads: add a 'Load SSD Heads' node between the "
                        f"model loader and this sampler, or pick decoder {without_heads()}.")
     if negative_prompt and negative_prompt.strip() and not getattr(model, "negative_prompts", False):
-        raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: clear it "
+        raise SSDError(f"this model ({ssd_model.name}) takes no negative prompt: clear it "
                        f"(only {', '.join(families_with_negative_prompts())} models take one).")
     return model
 

@@ -83,15 +83,14 @@ def check_device(device) -> torch.device | None:
 def check_negative_prompt(model, negative_prompt) -> None:
     """Refuse a negative prompt for a model that would silently ignore it."""
     if negative_prompt and str(negative_prompt).strip() and not getattr(model, "negative_prompts", False):
-        raise SSDError(f"this model ({getattr(model, 'family', '?')}) takes no negative prompt: leave it empty")
+        raise SSDError(f"this model ({shown_name(model)}) takes no negative prompt: leave it empty")
 
 
 def check_model_decoder(model, decoder: str) -> None:
     """A decoder with a loop of its own (flashar) refuses a model of another kind, in one line naming what to do."""
     if own_loop(decoder) and decoder not in getattr(model, "own_decoders", ()):
-        name = getattr(model, "name", getattr(model, "family", "this model"))
         raise SSDError(f"decoder {decoder} runs on a FlashAR checkpoint (lxazjk/Emu3.5-Image-FlashAR) only, and "
-                       f"this model is {name}: pick another decoder, or load the FlashAR checkpoint")
+                       f"this model is {shown_name(model)}: pick another decoder, or load the FlashAR checkpoint")
 
 
 def prompt_switches(model, official_suffix: bool | None = None) -> dict:
@@ -106,7 +105,7 @@ def prompt_switches(model, official_suffix: bool | None = None) -> dict:
         return {"official_suffix": official_suffix}
     if official_suffix:
         return {}
-    raise SSDError(f"this model ({getattr(model, 'family', '?')}) appends no official suffix to its prompts "
+    raise SSDError(f"this model ({shown_name(model)}) appends no official suffix to its prompts "
                    "(only emu3 models do): leave official_suffix on")
 
 
@@ -130,7 +129,16 @@ def load_model(name_or_path: str | Path, dtype: str | torch.dtype | None = "auto
     mode = static_cache.parse_mode(compile)
     cls = family_class(family or detect_family(folder))  # a named family may not be on disk yet (download)
     kwargs.update(memory.placement(cls.family, device, resolve_dtype(dtype, device), quantization, offload, free_bytes))
-    return static_cache.enable(cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs), mode)
+    model = static_cache.enable(cls.load(folder, resolve_dtype(dtype, device), device, download=download, **kwargs), mode)
+    # messages name the model as the user loaded it ('reference', the folder's name), never its family's code name
+    model.shown_as = str(name_or_path) if str(name_or_path) in BUNDLED_MODELS else folder.name or str(folder)
+    return model
+
+
+def shown_name(model) -> str:
+    """A model as messages name it: as it was loaded ('reference', its folder's name; GridModel.shown_name), else
+    its family."""
+    return getattr(model, "shown_name", None) or getattr(model, "family", None) or "?"
 
 
 def load_heads(name_or_path: str | Path, model) -> DraftHeads:

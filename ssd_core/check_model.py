@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import model_files
-from .errors import SSDError, shown
+from .errors import SSDError, a_or_an, shown
 from .memory import KEEP_FULL, RESERVE_BYTES
 
 LEVELS = ("ok", "missing", "error")
@@ -452,7 +452,8 @@ def _extras(folder: Path, family: str, config: dict, report: Report) -> None:
         try:
             spec = read_spec(folder, vocab if isinstance(vocab, int) else None)
             name = spec.get("vq_decoder")
-            report.add("ok", "family", f"ssd_model.json: a {spec['grid'][0]}x{spec['grid'][1]} grid of "
+            size = "{}x{}".format(*spec["grid"])
+            report.add("ok", "family", f"ssd_model.json: {a_or_an(size)} grid of "
                        f"{spec['image_vocab_size']} codes, {spec['num_classes']} classes")
         except SSDError as err:
             report.add("error", "family", str(err))

@@ -23,6 +23,19 @@ def shown(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+def a_or_an(text) -> str:
+    """`text` after the article it takes when read aloud: 'an 8x8 grid', 'an 11x11 grid', 'a 24x24 grid',
+    'an emu3 model', 'a janus model' (a leading quote or bracket is skipped; a number is read as a number)."""
+    text = str(text)
+    word = text.lstrip("'\"`([")
+    digits = len(word) - len(word.lstrip("0123456789"))
+    if digits:  # eight, eleven, eighteen (and eleven / eighteen thousand) begin with a vowel sound
+        vowel = word[0] == "8" or (word[:2] in ("11", "18") and digits % 3 == 2)
+    else:
+        vowel = word[:1].lower() in ("a", "e", "i", "o", "u")
+    return ("an " if vowel else "a ") + text
+
+
 class SSDError(ValueError):
     """A bad input or an unusable file: the message says what is wrong and what to do."""
 

@@ -19,6 +19,28 @@ def tiny(tmp_path_factory):
     return model, make_heads(model, root / "heads.safetensors"), root
 
 
+@pytest.mark.parametrize("text, said", [
+    ("8x8", "an 8x8"), ("11x11", "an 11x11"), ("18x18", "an 18x18"), ("80x80", "an 80x80"), ("88x88", "an 88x88"),
+    ("24x24", "a 24x24"), ("1x1", "a 1x1"), ("110x110", "a 110x110"), ("emu3", "an emu3"), ("'emu3'", "an 'emu3'"),
+    ("Emu3ForCausalLM", "an Emu3ForCausalLM"), ("janus", "a janus"), ("Lumina-mGPT 1", "a Lumina-mGPT 1"),
+])
+def test_messages_take_the_article_their_words_are_said_with(text, said):
+    assert ssd_core.errors.a_or_an(text) == said
+
+
+def test_messages_name_the_model_as_it_was_loaded(tmp_path):
+    """A model loaded from a folder is named by that folder in messages (never by its family's code name
+    'llama-grid'); the bundled ones by their names."""
+    model = ssd_core.load_model(make_llama_grid(tmp_path / "my-glyphs", grid=(4, 4)))
+    assert model.shown_name == "my-glyphs"
+    for kwargs, says in ((dict(grid=(80, 80)), "my-glyphs cannot make an 80x80 token grid"),
+                         (dict(negative_prompt="blurry"), "this model (my-glyphs) takes no negative prompt"),
+                         (dict(decoder="flashar"), "this model is my-glyphs:")):
+        with pytest.raises(ssd_core.SSDError) as err:
+            ssd_core.generate(model, None, prompt=1, **{"decoder": "ar", **kwargs})
+        assert says in str(err.value) and "llama-grid" not in str(err.value), str(err.value)
+
+
 def _heads_file(path, family="llama-grid", hidden=32, vocab=16, grid=(4, 4)):
     DraftHeads(family, hidden, vocab, grid).save(path)
     return path

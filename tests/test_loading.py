@@ -83,11 +83,11 @@ def test_missing_folder_names_repo_and_folder(tmp_path):
 
 
 def test_wrong_family(folders, tmp_path):
-    with pytest.raises(ssd_core.SSDError, match="holds a 'emu3' model, not a janus model.*family 'emu3'"):
+    with pytest.raises(ssd_core.SSDError, match="holds an 'emu3' model, not a janus model.*family 'emu3'"):
         JanusModel.load(folders["emu3"], "fp32", "cpu")
     with pytest.raises(ssd_core.SSDError, match="holds a 'janus' model, not a lumina model"):
         LuminaModel.load(folders["janus"], "fp32", "cpu")
-    with pytest.raises(ssd_core.SSDError, match="'chameleon' model, not a emu3"):
+    with pytest.raises(ssd_core.SSDError, match="'chameleon' model, not an emu3"):
         Emu3Model.load(folders["lumina"], "fp32", "cpu")
     other = tmp_path / "bert"
     other.mkdir()

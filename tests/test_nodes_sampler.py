@@ -110,6 +110,19 @@ def test_sampler_errors_say_what_to_do(ref_model, kw, match):
         run(ref_model, **{"decoder": "ar", **kw})
 
 
+@pytest.mark.parametrize("kw, says", [
+    (dict(negative_prompt="blurry"), "this model (reference) takes no negative prompt"),
+    (dict(grid="88x88"), "reference cannot make an 88x88 token grid"),
+    (dict(decoder="flashar"), "this model is reference:"),
+])
+def test_errors_name_the_model_as_the_user_picked_it(ref_model, kw, says):
+    """The bundled model is 'reference' in every message (issue 41: 'this model is llama-grid'), with the article
+    its words take."""
+    with pytest.raises(core.SSDError) as err:
+        run(ref_model, **{"decoder": "ar", **kw})
+    assert says in str(err.value) and "llama-grid" not in str(err.value), str(err.value)
+
+
 def test_sampler_needs_heads_for_ssd(ref_model):
     (bare,) = nodes.SSDLoadHeads().load(ref_model, "none")
     with pytest.raises(core.SSDError, match="Load SSD Heads"):

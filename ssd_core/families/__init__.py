@@ -9,7 +9,7 @@ import importlib
 import os
 from pathlib import Path
 
-from ..errors import SSDError, shown
+from ..errors import SSDError, a_or_an, shown
 
 # family name -> (module, class)
 FAMILIES = {
@@ -75,5 +75,5 @@ def detect_family(folder: Path) -> str:
     if by_type is not None:
         return by_type
     known = [a for name in FAMILIES for a in family_class(name).architectures]
-    raise SSDError(f"{folder} holds a {arch or 'model without architectures'}: not a supported AR image model. "
+    raise SSDError(f"{folder} holds {a_or_an(arch or 'model without architectures')}: not a supported AR image model. "
                    f"Supported: {', '.join(known)}, or any causal LM with an ssd_model.json (llama-grid)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import hub, model_files
-from ..errors import SSDError
+from ..errors import SSDError, a_or_an
 from ..session import KVSession, Layout, Prompt, Session
 
 
@@ -114,6 +114,7 @@ class GridModel:
     default_grid: tuple[int, int]
     class_names: list[str] | None = None
     defaults: dict  # sampler defaults: cfg, temperature, top_k, top_p
+    shown_as: str | None = None  # the model as the user loaded it ('reference', its folder's name): api.load_model
 
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
@@ -150,8 +151,8 @@ class GridModel:
         model_type = cfg.get("model_type")
         if cls.model_types and model_type not in cls.model_types:
             other = family_of_model_type(model_type)
-            hint = f"; it is a {other} model: load it as family {other!r}" if other else ""
-            raise SSDError(f"{folder} holds a {model_type!r} model, not a {cls.family} model "
+            hint = f"; it is {a_or_an(other)} model: load it as family {other!r}" if other else ""
+            raise SSDError(f"{folder} holds {a_or_an(repr(model_type))} model, not {a_or_an(cls.family)} model "
                            f"(expected model_type {' or '.join(cls.model_types)}){hint}")
         return cfg
 
@@ -203,6 +204,12 @@ class GridModel:
 
     # ---- shared machinery ---------------------------------------------------------------------
     @property
+    def shown_name(self) -> str:
+        """The model as messages name it: as the user loaded it ('reference', 'reference-48', the folder's name),
+        else the family's own name for it (a model built in memory)."""
+        return self.shown_as or getattr(self, "name", None) or self.family
+
+    @property
     def device(self) -> torch.device:
         """Where inputs go: the input embeddings' device (the first shard under a device_map)."""
         return self.model.get_input_embeddings().weight.device
@@ -218,7 +225,8 @@ class GridModel:
         options = self.grid_options()
         if grid not in [tuple(o) for o in options]:
             shown = ", ".join(f"{h}x{w}" for h, w in options[:12]) + (" ..." if len(options) > 12 else "")
-            raise SSDError(f"{self.family} model cannot make a {grid[0]}x{grid[1]} token grid; choose one of: {shown}")
+            raise SSDError(f"{self.shown_name} cannot make {a_or_an(f'{grid[0]}x{grid[1]}')} token grid; choose one "
+                           f"of: {shown}")
         return grid  # type: ignore[return-value]
 
     def rows_logits(self, normed: torch.Tensor, head: torch.nn.Module, rows) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError, shown
+from ..errors import SSDError, a_or_an, shown
 from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
 from .base import GridModel
@@ -195,7 +195,8 @@ class LlamaGridModel(GridModel):
         max_pos = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         length = H * (W + (self.row_end_token is not None)) + 2
         if length > max_pos:
-            raise SSDError(f"llama-grid model cannot make a {H}x{W} token grid: it needs {length} positions and "
+            raise SSDError(f"{self.shown_name} cannot make {a_or_an(f'{H}x{W}')} token grid: it needs {length} "
+                           "positions and "
                            f"the model has {max_pos}; {fix}")
         return (H, W)
 

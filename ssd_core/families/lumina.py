@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError
+from ..errors import SSDError, a_or_an
 from ..pixel_decoders.chameleon_vqgan import VQGANDecoder, find_vqgan
 from ..session import Layout, Prompt
 from . import common
@@ -172,7 +172,8 @@ class LuminaModel(TextGridModel):
         cfg = super().check_folder(folder)
         if not cls.fits_config(cfg):
             other, family = ("Lumina-mGPT 2.0", "lumina2") if release_of(cfg) == 2 else ("Lumina-mGPT 1", "lumina")
-            raise SSDError(f"{folder} holds a {other} model (vocab_size {cfg.get('vocab_size')}), not a {cls.name} "
+            raise SSDError(f"{folder} holds {a_or_an(other)} model (vocab_size {cfg.get('vocab_size')}), not a "
+                           f"{cls.name} "
                            f"model: load it as family {family!r}")
         return cfg
 
@@ -247,15 +248,17 @@ class LuminaModel(TextGridModel):
     def check_grid(self, grid):
         H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
         if H < 2 or W < 2 or H % 2 or W % 2:
-            raise SSDError(f"Lumina-mGPT cannot make a {H}x{W} token grid: rows and columns must be even "
+            raise SSDError(f"Lumina-mGPT cannot make {a_or_an(f'{H}x{W}')} token grid: rows and columns must be even "
                            "(its size tokens count 32-px units, 2 cells)")
         size_ok = all(size_token_name(v) in self.vocab or not self.vocab for v in (H, W))
         if not size_ok:
-            raise SSDError(f"Lumina-mGPT has no size token for a {H}x{W} grid ({size_token_name(max(H, W))} is "
+            raise SSDError(f"Lumina-mGPT has no size token for {a_or_an(f'{H}x{W}')} grid "
+                           f"({size_token_name(max(H, W))} is "
                            "not in its vocabulary)")
         limit = self.max_positions - PROMPT_ALLOWANCE
         if self.sequence_length((H, W)) > limit:
-            raise SSDError(f"Lumina-mGPT cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} "
+            raise SSDError(f"Lumina-mGPT cannot make {a_or_an(f'{H}x{W}')} token grid: it needs "
+                           f"{self.sequence_length((H, W))} "
                            f"positions and {limit} are free after the prompt")
         return (H, W)
 

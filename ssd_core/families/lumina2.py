@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError
+from ..errors import SSDError, a_or_an
 from ..pixel_decoders.movqgan import CONVERT_FIX, MoVQDecoder, find_movqgan, pickled_checkpoints
 from ..session import Layout
 from . import common
@@ -127,16 +127,18 @@ class Lumina2Model(LuminaModel):
     def check_grid(self, grid):
         H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
         if H < CELLS_PER_SIZE or W < CELLS_PER_SIZE or H % CELLS_PER_SIZE or W % CELLS_PER_SIZE:
-            raise SSDError(f"Lumina-mGPT 2.0 cannot make a {H}x{W} token grid: rows and columns must be multiples "
+            raise SSDError(f"Lumina-mGPT 2.0 cannot make {a_or_an(f'{H}x{W}')} token grid: rows and columns must be "
+                           "multiples "
                            "of 4 (its size tokens count 32-px units, 4 cells of 8 px)")
         for v in (H, W):
             if self.tokenizer is not None and self.tokenizer.convert_tokens_to_ids(size_token_name(v)) in (
                     None, getattr(self.tokenizer, "unk_token_id", None)):
-                raise SSDError(f"Lumina-mGPT 2.0 has no size token for a {H}x{W} grid ({size_token_name(v)} is not "
+                raise SSDError(f"Lumina-mGPT 2.0 has no size token for {a_or_an(f'{H}x{W}')} grid "
+                               f"({size_token_name(v)} is not "
                                "in its tokenizer): choose a smaller grid")
         limit = self.max_positions - PROMPT_ALLOWANCE
         if self.sequence_length((H, W)) > limit:
-            raise SSDError(f"Lumina-mGPT 2.0 cannot make a {H}x{W} token grid: it needs "
+            raise SSDError(f"Lumina-mGPT 2.0 cannot make {a_or_an(f'{H}x{W}')} token grid: it needs "
                            f"{self.sequence_length((H, W))} positions, its generation writes at most {limit}")
         return (H, W)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError
+from ..errors import SSDError, a_or_an
 from . import common
 from .base import GridModel
 
@@ -73,7 +73,8 @@ class TextGridModel(GridModel):
         H, W = tuple(int(v) for v in grid) if grid is not None else self.default_grid
         limit = self.max_positions - PROMPT_ALLOWANCE
         if H < 1 or W < 1 or not self.fits((H, W)):
-            raise SSDError(f"{self.name} cannot make a {H}x{W} token grid: it needs {self.sequence_length((H, W))} "
+            raise SSDError(f"{self.name} cannot make {a_or_an(f'{H}x{W}')} token grid: it needs "
+                           f"{self.sequence_length((H, W))} "
                            f"positions, {limit} are free after the prompt; choose a smaller grid (e.g. "
                            f"{self.default_grid[0]}x{self.default_grid[1]})")
         return (H, W)
