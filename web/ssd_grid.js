@@ -12,6 +12,7 @@ const WIDGET = "ssd_grid";
 const PROP = "ssd_trace"; // the shown trace
 const BATCH_PROP = "ssd_batch"; // every image's trace of a batch run
 const MIN_HEIGHT = 300;
+const NODE_SIZE = [380, 700]; // the sampler's size when made, at least (more when its widgets need more)
 
 function widgetOf(node) {
   return node?.widgets?.find((w) => w.name === WIDGET) ?? null;
@@ -93,7 +94,8 @@ function addGridWidget(node) {
   const label = document.createElement("span");
   bar.append(prev, label, next);
   const canvas = document.createElement("canvas");
-  canvas.style.cssText = "width:100%;height:100%;display:block;";
+  // absolute: the canvas's pixel size (set when it draws) never feeds back into the box's height
+  canvas.style.cssText = "position:absolute;inset:0;width:100%;height:100%;display:block;";
   box.append(bar, canvas);
 
   const state = { batch: null, trace: null, hover: null, pending: false };
@@ -189,6 +191,17 @@ function addGridWidget(node) {
   return widget;
 }
 
+// The node made large enough at once for every widget at its least height, the grid's included (LiteGraph's
+// computeSize counts a DOM widget's computeLayoutSize): a node smaller than that grows on its first layout, so
+// the prompt box and everything below it jumped when the grid widget first drew.
+function reserveRoom(node, least = [0, 0]) {
+  const [w, h] = node.size ?? [0, 0];
+  const [needW, needH] = node.computeSize?.() ?? [0, 0];
+  const width = Math.max(w || 0, least[0], needW || 0);
+  const height = Math.max(h || 0, least[1], needH || 0);
+  if (width !== w || height !== h) node.setSize?.([width, height]);
+}
+
 app.registerExtension({
   name: "comfyui-ssd.grid",
   beforeRegisterNodeDef(nodeType, nodeData) {
@@ -198,14 +211,14 @@ app.registerExtension({
       const r = onNodeCreated?.apply(this, arguments);
       addGridWidget(this); // node.widgets may not exist yet: addDOMWidget makes it
       showAuto(this);
-      const [w, h] = this.size ?? [0, 0];
-      this.setSize?.([Math.max(w ?? 0, 380), Math.max(h ?? 0, 700)]);
+      reserveRoom(this, NODE_SIZE);
       return r;
     };
     const onConfigure = nodeType.prototype.onConfigure;
     nodeType.prototype.onConfigure = function (info) {
       const r = onConfigure?.apply(this, arguments);
       if (!widgetOf(this)) addGridWidget(this); // a frontend that configures before onNodeCreated ran
+      reserveRoom(this); // a workflow saved with a smaller node: grown now, not on its first layout
       const batch = this.properties?.[BATCH_PROP];
       const saved = normalizeTrace(this.properties?.[PROP]);
       if (Array.isArray(batch) && batch.length > 1) widgetOf(this)?.ssd?.set(batch, false);
