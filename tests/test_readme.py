@@ -1,9 +1,16 @@
 """The README stays short and true: its results table is made from the committed bench of record
 (tools/readme_results.py), its headline figures match that JSON, and every docs file it names exists."""
 import importlib.util
+import io
 import json
 import re
+import shutil
+import subprocess
+import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -36,3 +43,54 @@ def test_readme_is_short_and_its_docs_exist():
     assert len(README.splitlines()) <= 200
     named = set(re.findall(r"docs/[\w.-]+\.(?:md|png|json)", README))
     assert named and all((ROOT / path).is_file() for path in named), sorted(p for p in named if not (ROOT / p).is_file())
+
+
+def test_the_prerequisites_to_develop_are_named():
+    """Issue 41: `make install` and what it needs were not named."""
+    line = README[README.index("- Develop / test prerequisites:"):]
+    line = line[:line.index("\n- ")]
+    for needed in ("Python 3.11", "`make`", "node", "Chromium", "`make install`"):
+        assert needed in line, needed
+
+
+def _package_bytes() -> int:
+    """The registry package as `comfy node pack` makes it: a deflated zip of the files git tracks, less those
+    .comfyignore names (comfy-cli's zip_files; on cba4679 this gave its 32,365,111 bytes to the byte)."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("the package is measured from a git checkout")
+
+    def listed(*args):
+        out = subprocess.run([git, "-C", str(ROOT), "ls-files", "-z", *args], capture_output=True, check=True)
+        return [p for p in out.stdout.decode().split("\0") if p]
+
+    ignored = set(listed("-c", "-i", "--exclude-from=.comfyignore"))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in listed():
+            if path not in ignored and (ROOT / path).is_file():
+                z.write(ROOT / path, path)
+    return buf.tell()
+
+
+def test_the_package_size_is_measured():
+    """README quotes the package's size as `comfy node pack` makes it (it said 38 MB where the tool made 36.2)."""
+    quoted = float(re.search(r"The package is ([\d.]+) MB \(`comfy node pack`\)", README).group(1))
+    measured = _package_bytes() / 1e6
+    assert abs(quoted - measured) <= 0.1, f"README says {quoted} MB; comfy node pack makes {measured:.1f} MB"
+
+
+def test_one_comfyui_floor_everywhere():
+    """pyproject's requires-comfyui, the import's message, README, the root __init__ and the testing doc name one
+    ComfyUI version floor (they said 0.3.50 in some places, 0.3.64 in others)."""
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["comfy"]["requires-comfyui"]
+    assert floor.startswith(">=")
+    version = floor[2:]
+    assert f'MIN_COMFYUI = "{version}"' in (ROOT / "nodes" / "_io.py").read_text()
+    assert f"Needs ComfyUI {version} or newer" in README
+    assert f"ComfyUI >= {version}" in (ROOT / "__init__.py").read_text()
+    doc = (ROOT / "docs" / "testing-comfyui.md").read_text()
+    assert f"`requires-comfyui` (pyproject.toml) is `>={version}`" in doc
+    for name, text in (("README.md", README), ("docs/testing-comfyui.md", doc)):
+        others = set(re.findall(r"needs ComfyUI (\d+\.\d+\.\d+)", text, re.I)) - {version}
+        assert not others, f"{name} names another floor: {others}"
