@@ -132,22 +132,22 @@ def record_checks(run, round_: int, a: int, b: int, rejected: torch.Tensor, mass
     """Log one verification (round `round_`) of the image slots of ranks [a, b): rejected [n] bool and the
     residual mass [n, 1] or [n] (sum_v max(0, p - q) = 1 - the expected acceptance, `residual_and_mass`). Both stay
     on the device as they are, no op spent in the step; `check_rows` reads them all once when the run ends."""
-    run.add_check((round_, a, b, rejected, mass))
+    run.counts.add_check((round_, a, b, rejected, mass))
 
 
 def check_rows(run) -> list[torch.Tensor]:
     """The checks of a run as [n, 4] rows on the CPU: round, column, accepted, expected."""
-    if not run.checks:
+    if not run.counts.checks:
         return []
     W, stride = run.layout.grid[1], run.layout.row_stride
     col = (torch.tensor(run.index.image_slots) % stride).clamp(max=W - 1).float()
-    rejected = torch.cat([c[3].reshape(-1) for c in run.checks])
-    mass = torch.cat([c[4].reshape(-1) for c in run.checks])
+    rejected = torch.cat([c[3].reshape(-1) for c in run.counts.checks])
+    mass = torch.cat([c[4].reshape(-1) for c in run.counts.checks])
     values = torch.stack([(~rejected).float(), 1 - mass.float()]).cpu()  # one copy for the whole run
-    rounds = torch.cat([torch.full((b - a,), float(r)) for r, a, b, *_ in run.checks])
-    cols = torch.cat([col[a:b] for _, a, b, *_ in run.checks])
+    rounds = torch.cat([torch.full((b - a,), float(r)) for r, a, b, *_ in run.counts.checks])
+    cols = torch.cat([col[a:b] for _, a, b, *_ in run.counts.checks])
     rows = torch.stack([rounds, cols, values[0], values[1]], 1)
-    return list(rows.split([b - a for _, a, b, *_ in run.checks]))
+    return list(rows.split([b - a for _, a, b, *_ in run.counts.checks]))
 
 
 def summarize_checks(checks: list) -> dict:

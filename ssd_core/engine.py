@@ -209,7 +209,7 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
     traces: list[T.Trace | None] = [None] * N
     while active:
         if generation.should_cancel is not None and generation.should_cancel():
-            raise Cancelled(f"generation cancelled after {max(runs[i].steps for i in active)} steps")
+            raise Cancelled(f"generation cancelled after {max(runs[i].counts.steps for i in active)} steps")
         with watch.step():
             fed = _step(model, rows, [runs[i] for i in active], [policies[i] for i in active], active, pad_id, watch)
         if fed and generation.on_step is not None:
@@ -237,7 +237,7 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
-    fed = [run.ids[run.cached:run.end].clone() for run in runs]
+    fed = [run.tokens.ids[run.cached:run.end].clone() for run in runs]
     # a policy's draft tree: tokens fed after its window that are no slot (Branches), only with a window
     branches = [policy.branches(run) if f.numel() else None for run, policy, f in zip(runs, policies, fed)]
     feeds = [f if b is None else torch.cat([f, b.ids]) for f, b in zip(fed, branches)]
@@ -264,7 +264,7 @@ def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, 
     if first >= layout.num_slots:
         return 0
     held = list(session.held_host)
-    last = [run.ids[run.cached:] for run in runs]
+    last = [run.tokens.ids[run.cached:] for run in runs]
     ids, visible, _ = _batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
                                  layout.num_slots - first, pad_id)
     with watch.forward("finalize"):
@@ -279,9 +279,9 @@ def _score(model, prompts: list[Prompt], layout: Layout, runs: list[Run], traces
            timing: Timing) -> None:
     """Each trace's fidelity figures (sequence_nll) and the time they took."""
     for run, prompt, tr in zip(runs, prompts, traces):
-        codes = run.codes.cpu()
+        codes = run.tokens.codes.cpu()
         with watch.forward("score"):
-            fidelity = sequence_nll(model, prompt, layout, run.ids, codes, run.settings)
+            fidelity = sequence_nll(model, prompt, layout, run.tokens.ids, codes, run.settings)
         tr.nll, tr.nll_full, tr.out_of_support = fidelity["nll"], fidelity["nll_full"], fidelity["out_of_support"]
         tr.timings["score"] = timing.latest["score"]
 

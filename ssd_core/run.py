@@ -11,13 +11,13 @@ from types import MappingProxyType
 
 import torch
 
-from . import trace as T
 from .errors import SSDError
 from .exactness import near_ties
 from .observer import NONE
 from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
                        log_probs, not_finite_message, seeded_generator, uniforms)
 from .session import KVSession, Layout
+from .run_state import Counts, Tokens
 from .slots import SlotIndex
 
 
@@ -35,14 +35,8 @@ class Run:
         self.observer = NONE  # what watches the generation (observer.Observers), set by the engine
         dev = model.device
         self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
-        L = ix.L
-        self.ids = ix.forced_ids.clone()  # [L] sequence ids; -1 = empty
-        self.codes = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] image code per slot
-        self.final = self.ids >= 0  # forced slots are final from the start
-        self.drafted = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] first draft code of a slot
-        self.step_of = torch.zeros(L, dtype=torch.int32, device=dev)
-        self.verified = torch.zeros(L, dtype=torch.int32, device=dev)  # forwards each slot has been fed in
-        self.value_seen = torch.zeros(L, dtype=torch.int32, device=dev)  # `verified` when a slot took its value
+        self.counts = Counts()  # steps, head calls, host copies, verification records
+        self.tokens = Tokens(ix, self.counts)  # token state per slot: ids, codes, final, ...
         # How far the run is fixed, as host slot numbers (each an end: the slots [0, x)); only the engine moves cached
         #   cached     slots whose keys are in this image's rows of the KV cache, computed from final tokens only
         #              (session.cached is another number: the batch's cache columns, the most any row holds). The
@@ -57,39 +51,23 @@ class Run:
         self.end = 0
         self.fed_end = 0
         self.final_cells = 0  # host: image cells that are final
-        self.steps = 0
-        self.head_calls = 0
-        self.syncs = 0  # device-to-host copies made by `sync`
         self.fed: torch.Tensor | None = None  # [k] ids fed at slots [cached, cached + k) this step
         self.fed_visible: torch.Tensor | None = None  # [k] which of them other slots could see (None: all)
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
         self._cached_next: int | None = None  # cached after this step, once synced
         self.rng = seeded_generator(settings.seed, dev)
         B, d = last_features.shape
-        self.features = torch.zeros(B, L, d, dtype=model.dtype, device=dev)  # latest feature per slot
+        self.features = torch.zeros(B, ix.L, d, dtype=model.dtype, device=dev)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
         self.q = SlotTable(self.index.V, dev)  # per open slot: the distribution its token was drawn from
         self.noise = SlotTable(self.index.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
-        self.checks: list = []  # per verification: (round, ranks a, b, [2, n] accepted and expected)
         self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest `logp`
         self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
-        self.near_tie = torch.zeros(L, dtype=torch.bool, device=dev)  # [L] final decisions that rounding could flip
         self.branch_logits: torch.Tensor | None = None  # [B, m, V] raw logits of the step's Branches (the engine's)
 
     # ---- views ----------------------------------------------------------------------------------
-    @property
-    def status(self) -> torch.Tensor:
-        """[L] int8 status codes (trace.STATUSES), from the first drafts and the final tokens."""
-        made = torch.where(self.drafted < 0, T.AR, torch.where(self.drafted == self.codes, T.ACCEPTED, T.CORRECTED))
-        return torch.where(self.index.forced_mask, T.FORCED, torch.where(self.final, made, T.PENDING)).to(torch.int8)
-
-    @property
-    def round_of(self) -> torch.Tensor:
-        """[L] int32: the verification round (0 = the first check) in which a final slot took its value."""
-        return torch.where(self.final, (self.value_seen - 1).clamp(min=0), 0).to(torch.int32)
-
     @property
     def L(self) -> int:
         """Slots of the layout (index.L)."""
@@ -141,12 +119,12 @@ class Run:
         [B, k, d] and raw logits [B, k, V] their outputs, None when k = 0) -> the step's raw logits [B, k + 1, V]
         predicting slots cached..cached + k, for the policy's update."""
         C, k = self.cached, fed.numel()
-        self.verified[C:self.end] += 1
+        self.tokens.verified[C:self.end] += 1
         self.fed, self.fed_visible, self._cached_next = fed, visible, None
         self.fed_end = max(self.fed_end, C + k)
         if not k:
             return self.next_logits[:, None]
-        self.steps += 1
+        self.counts.steps += 1
         self.features[:, C:C + k] = features
         return torch.cat([self.next_logits[:, None], logits], dim=1)
 
@@ -172,7 +150,7 @@ class Run:
         parts = [v.reshape(1).long() for v in values] + ([kept.reshape(1)] if kept is not None else []) + \
             [f.reshape(1).long() for f in flags]
         out = torch.cat(parts).tolist() if parts else []
-        self.syncs += 1
+        self.counts.syncs += 1
         checks, self.pending = self.pending, []
         for ok, (_, fail) in zip(out[len(out) - len(flags):], checks):
             if not ok:
@@ -199,42 +177,17 @@ class Run:
         if k == 0:
             return self.index.slot_ids[0]
         C = self.cached
-        ok = self.final[C:C + k] & (self.ids[C:C + k] == self.fed)
+        ok = self.tokens.final[C:C + k] & (self.tokens.ids[C:C + k] == self.fed)
         if self.fed_visible is not None:  # no slot before them was hidden when fed
             ok[1:] &= self.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
         return ok.long().cumprod(0).sum()
 
-    # ---- token writes (device) ---------------------------------------------------------------------
-    def set_tokens(self, slots: torch.Tensor, codes: torch.Tensor, draft=True) -> None:
-        """Write codes [n] at slots [n]; draft (True, False or a [n] mask): record them as first drafts."""
-        changed = self.codes[slots] != codes  # the round in which a slot took its current value
-        self.value_seen[slots] = torch.where(changed, self.verified[slots], self.value_seen[slots])
-        self.codes[slots] = codes
-        self.ids[slots] = self.index.id_of_code[codes]
-        if draft is not False:
-            drafted = self.drafted[slots]
-            first = drafted < 0 if draft is True else (drafted < 0) & draft
-            self.drafted[slots] = torch.where(first, codes, drafted)
-
-    def finalize(self, slots: torch.Tensor, mask=None) -> None:
-        """Mark image slots final with their current token (only where `mask`, a [n] or 0-d bool tensor)."""
-        if mask is None:
-            self.final[slots] = True
-            self.step_of[slots] = self.steps
-            return
-        self.final[slots] |= mask
-        self.step_of[slots] = torch.where(mask, self.steps, self.step_of[slots])
-
+    # ---- the window (host) and the features (device) ------------------------------------------------
     def advance(self, slot: int, cells: int | None = None) -> None:
         """Every image slot below `slot` is final (host bookkeeping); cells: the image cells final in all (None:
         those below it, for decoders whose final slots form a prefix)."""
         self.final_end = self.index.next_image[min(slot, self.L)]
         self.final_cells = self.index.images_before[self.final_end] if cells is None else cells
-
-    def fill_holes(self) -> None:
-        """The window's open slots get a placeholder id (code 0's): fed where no other slot may see them (zipar)."""
-        window = slice(self.cached, self.end)
-        self.ids[window] = self.ids[window].where(self.final[window], self.index.id_of_code[0])
 
     def set_features(self, slots, features: torch.Tensor) -> None:
         """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
@@ -243,15 +196,11 @@ class Run:
     def call_heads(self, network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
         """One call of a draft head's network (self.heads.horizontal or .vertical) on inputs, without autograd:
         the one place the drafters call the heads, seen by the observers (the heads' share of a step's time and
-        ops) and counted in head_calls (the trace's)."""
+        ops) and counted in counts.head_calls (the trace's)."""
         with torch.no_grad(), self.observer.heads():
             out = network(*inputs)
-        self.head_calls += 1
+        self.counts.head_calls += 1
         return out
-
-    def add_check(self, check: tuple) -> None:
-        """One verification for the trace (acceptance.record_checks)."""
-        self.checks.append(check)
 
     def track_exactness(self, error_bound: torch.Tensor) -> None:
         """From now on note_near_ties marks the final decisions a raw-logit error of error_bound (0-d) could flip."""
@@ -309,7 +258,7 @@ class Run:
             return
         noise = None if self.settings.temperature == 0 else self.noise.get(a, a + n)
         ties = near_ties(raw[:, :n], self.guided[:n], logp[:n], noise, self.settings, self.exact_error)
-        self.near_tie[self.index.image_ids[a:a + n]] |= ties
+        self.tokens.near_tie[self.index.image_ids[a:a + n]] |= ties
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng, device=self.index.slot_ids.device)

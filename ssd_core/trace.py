@@ -59,10 +59,10 @@ def progress(run, image: int = 0) -> Progress:
     """The Progress of an engine Run (run.py) after a step; `image`: its index in the batch (copies the
     grid to the host: a second device-to-host copy in every step that reports progress)."""
     H, W = run.layout.grid
-    cells = run.layout.slot_of_cell.to(run.codes.device)
-    final = run.final[cells]
-    tokens = torch.where(final, run.codes[cells], -1).view(H, W).cpu()
-    return Progress(run.steps, (H, W), tokens, run.status[cells].view(H, W).cpu(), run.final_cells, image)
+    state = run.tokens
+    cells = run.layout.slot_of_cell.to(state.codes.device)
+    tokens = torch.where(state.final[cells], state.codes[cells], -1).view(H, W).cpu()
+    return Progress(run.counts.steps, (H, W), tokens, state.status[cells].view(H, W).cpu(), run.final_cells, image)
 
 
 def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: int, peak_memory_mb: float) -> "Trace":
@@ -72,12 +72,13 @@ def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: 
     s = run.settings
     from .acceptance import check_rows, summarize_checks
 
-    codes, status, step_of, round_of = (t.cpu() for t in (run.codes, run.status, run.step_of, run.round_of))
+    state = run.tokens
+    codes, status, step_of, round_of = (t.cpu() for t in (state.codes, state.status, state.step_of, state.round_of))
     return Trace(decoder, (H, W), codes[cells].view(H, W), status[cells].view(H, W),
-                 step_of[cells].view(H, W), round_of[cells].view(H, W), run.steps,
+                 step_of[cells].view(H, W), round_of[cells].view(H, W), run.counts.steps,
                  settings={"seed": s.seed, "cfg": s.cfg, "temperature": s.temperature, "top_k": s.top_k,
                            "top_p": s.top_p, "min_p": s.min_p, **params},
-                 timings=timings, head_calls=run.head_calls, finalize_forwards=finalize_forwards,
+                 timings=timings, head_calls=run.counts.head_calls, finalize_forwards=finalize_forwards,
                  peak_memory_mb=peak_memory_mb, acceptance=summarize_checks(check_rows(run)), exact=exact_summary(run))
 
 
@@ -86,7 +87,7 @@ def exact_summary(run) -> dict | None:
     it could flip, and the first such cell [row, column] (None: the picture is ar's); None for other decoders."""
     if run.exact_error is None:
         return None
-    cells = run.near_tie[run.layout.slot_of_cell].cpu()
+    cells = run.tokens.near_tie[run.layout.slot_of_cell].cpu()
     W = run.layout.grid[1]
     first = int(cells.nonzero()[0]) if bool(cells.any()) else None
     return {"error_bound": float(f"{float(run.exact_error):.3g}"), "near_ties": int(cells.sum()),

@@ -69,9 +69,9 @@ def _compare_certified(model, heads, lo, hi, sweeps, seed):
     a, b = chain.index.images_before[lo], chain.index.images_before[hi]
     codes = _chain(chain, feature(chain, lo - 1), lo, hi, lambda logp, i, j: sampled(chain, logp, i, j),
                    _left_steps(chain, lo, hi))
-    syncs = certified.syncs
+    syncs = certified.counts.syncs
     got = _certified_row(certified, lo, hi, sweeps)
-    assert certified.syncs == syncs + 1
+    assert certified.counts.syncs == syncs + 1
     assert torch.equal(got, codes)
     # q and features: the chain's up to float rounding (a product over the whole row rounds as one over a cell may not)
     assert (certified.q_at(a, b) - chain.q_at(a, b)).abs().max() < 1e-6

@@ -65,7 +65,7 @@ def test_distribution_of_first_two_tokens(tmp_path, decoder):
     for seed in range(n):
         s = SamplerSettings(seed=seed, cfg=1.5, temperature=1.0)
         run, _ = decode(model, heads, prompt, layout, s, make_policy(decoder, verify_rounds=1), score=False)
-        counts[run.codes[0], run.codes[1]] += 1
+        counts[run.tokens.codes[0], run.tokens.codes[1]] += 1
     expected = joint.flatten() * n
     keep = expected > 5
     obs = counts.flatten()[keep].double()
@@ -109,10 +109,10 @@ def test_ssd_more_rows_fewer_steps(tiny):
 def test_cache_equals_fresh_forward(tiny, decoder):
     model, heads = tiny
     run, trace = _run(model, heads if "ssd" in decoder else None, decoder, draft_rows=2)
-    assert bool(run.final.all())
+    assert bool(run.tokens.final.all())
     assert run.session.cached == run.L
     fresh = model.start(run.session.__dict__.get("prompt") or model.build_prompt(1, "", True, model.default_grid))
-    fresh.forward(run.ids.clone())
+    fresh.forward(run.tokens.ids.clone())
     for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):
         assert k1.shape == k2.shape
         assert (k1 - k2).abs().max() <= 1e-4
@@ -193,7 +193,7 @@ def test_ssd_repair_redraws_committed_tokens_their_final_context_rules_out(tiny)
     assert fewer >= 3  # the tiny model writes such tokens without repair, so the test can fail
     run, _ = _run(model, heads, "ssd", seed=4, top_k=3, verify_rounds=0)  # repairs re-feed: the cache stays right
     fresh = model.start(model.build_prompt(1, "", True, model.default_grid))
-    fresh.forward(run.ids.clone())
+    fresh.forward(run.tokens.ids.clone())
     for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):
         assert (k1 - k2).abs().max() <= 1e-4 and (v1 - v2).abs().max() <= 1e-4
 
@@ -217,4 +217,4 @@ def test_a_batch_runs_one_decoder_with_one_prompt_settings_and_policy_an_image(t
     with pytest.raises(ssd_core.SSDError, match="got 2 prompts, 2 settings and 1 policies"):
         decode_batch(model, heads, [prompt, prompt], layout, [s, s], [make_policy("ar")])
     (run, trace), = decode_batch(model, None, [prompt], layout, [s], [make_policy("zipar", window=2)])
-    assert trace.decoder == "zipar" and bool(run.final.all())  # the trace names the policy's decoder
+    assert trace.decoder == "zipar" and bool(run.tokens.final.all())  # the trace names the policy's decoder

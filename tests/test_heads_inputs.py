@@ -56,7 +56,7 @@ def test_vertical_left_drafts_each_cell_from_the_token_drafted_on_its_left(tiny,
     run, seen = drafted_rows(model, heads, rows=2)
     W = layout.grid[1]
     row0, row1 = layout.slot_of_cell[:W], layout.slot_of_cell[W:2 * W]
-    e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d] (slots past row 1: unused)
+    e = model.embed(run.tokens.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d] (slots past row 1: unused)
     with torch.no_grad():
         for x in range(W - 1):  # cell x+1 drafted from Hv(cell above x, the token drafted at x, cell above x+1)
             up, right = int(row0[x]), int(row0[x + 1])
@@ -85,7 +85,7 @@ def test_vertical_left_2_also_reads_the_token_before_and_the_cell_above_left(tin
     assert layout.row_stride > layout.grid[1]  # a row-end slot: the first column's token before is that slot's
     run, seen = drafted_rows(model, heads, rows=3)
     W = layout.grid[1]
-    e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
+    e = model.embed(run.tokens.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
     cell = layout.slot_of_cell.view(*layout.grid)
     with torch.no_grad():
         for y in (1, 2):

@@ -55,9 +55,9 @@ def test_a_whole_image_alone_and_in_a_batch_with_the_cache_of_a_fresh_forward(gr
     layout = model.layout(None)
     run, _ = decode(model, None, model.build_prompt(1, "", True, layout.grid), layout, settings,
                     make_policy(decoder, **params), score=False)
-    assert bool(run.final.all()) and run.session.cached == run.L  # no branch's key stays in the cache
+    assert bool(run.tokens.final.all()) and run.session.cached == run.L  # no branch's key stays in the cache
     fresh = model.start(model.build_prompt(1, "", True, layout.grid))
-    fresh.forward(run.ids.clone())
+    fresh.forward(run.tokens.ids.clone())
     for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):
         assert (k1 - k2).abs().max() <= 1e-4 and (v1 - v2).abs().max() <= 1e-4
 
@@ -123,7 +123,7 @@ def _joint(model, decoder, params, grid, n, settings):
                         [SamplerSettings(seed=seed, cfg=settings.cfg, temperature=settings.temperature)
                          for seed in range(n)], [make_policy(decoder, **params) for _ in range(n)],
                         Generation(score=False))
-    codes = torch.stack([run.codes for run, _ in done])  # [n, slots]
+    codes = torch.stack([run.tokens.codes for run, _ in done])  # [n, slots]
     index = (codes * V ** torch.arange(codes.shape[1] - 1, -1, -1)).sum(1)
     return torch.bincount(index, minlength=V ** codes.shape[1]).float()
 

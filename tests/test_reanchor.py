@@ -22,9 +22,9 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
     W, stride = layout.grid[1], layout.row_stride
     run, _ = drafted_rows(model, heads, rows=3)  # the first rows drafted, the window's end after them
     slot = row * stride + k
-    corrected = (run.codes[slot] + 1) % model.image_vocab_size
-    run.set_tokens(run.index.slots(slot, slot + 1), corrected[None], draft=False)
-    before, features_before = run.codes.clone(), run.features.clone()
+    corrected = (run.tokens.codes[slot] + 1) % model.image_vocab_size
+    run.tokens.write(run.index.slots(slot, slot + 1), corrected[None], draft=False)
+    before, features_before = run.tokens.codes.clone(), run.features.clone()
     reanchor_row(run, slot, cells)
     last = min(row * stride + W, slot + 1 + cells)  # the re-drafted cells stay in the row
     with torch.no_grad():
@@ -32,13 +32,13 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
         for t in range(slot + 1, last):  # each: the Gumbel pick of q from the chain through the corrected token
             q = run.logp(model.image_logits(f[:, None]), run.index.slots(t, t + 1), "heads")
             r = run.index.images_before[t]
-            assert int(run.codes[t]) == int(run.gumbel_sample(q, r, r + 1)[0])
-            f = heads.horizontal(f, _embed(run, run.ids[t:t + 1])[0])
+            assert int(run.tokens.codes[t]) == int(run.gumbel_sample(q, r, r + 1)[0])
+            f = heads.horizontal(f, _embed(run, run.tokens.ids[t:t + 1])[0])
             if t < last - 1:  # the last re-drafted cell's feature is not needed (nothing drafts from it)
                 assert torch.allclose(run.features[:, t], f)
     assert torch.equal(run.features[:, last - 1], features_before[:, last - 1])
-    assert torch.equal(run.codes[:slot + 1], before[:slot + 1])  # the rest is left as it was
-    assert torch.equal(run.codes[last:], before[last:])
+    assert torch.equal(run.tokens.codes[:slot + 1], before[:slot + 1])  # the rest is left as it was
+    assert torch.equal(run.tokens.codes[last:], before[last:])
     if last - 1 > slot + 1:
         assert not torch.allclose(run.features[:, slot + 1], features_before[:, slot + 1])  # through the new token
 

@@ -72,16 +72,16 @@ def test_enough_jacobi_sweeps_give_the_left_to_right_chains_drafts(tmp_path, row
     for n in (0, 1, W):
         run = _drafting_run(model, heads)
         _forced_features(run, lo)  # a row end before the row: its feature, as draft() makes it first
-        calls = run.head_calls
+        calls = run.counts.head_calls
         codes = _jacobi_row(run, lo, hi, run.gumbel_sample, n)
         sweeps[n] = codes
         if n == W:  # the fixed point: the chain's drafts and features
-            assert torch.equal(codes, chain.codes[lo:hi])
+            assert torch.equal(codes, chain.tokens.codes[lo:hi])
             assert torch.allclose(run.features[:, lo:hi], chain.features[:, lo:hi], atol=1e-5)
-        assert run.head_calls - calls == n + 1  # n sweeps, then the features
-    assert torch.equal(sweeps[0], chain.codes[lo - stride:hi - stride])  # no sweep: the row above's tokens
+        assert run.counts.head_calls - calls == n + 1  # n sweeps, then the features
+    assert torch.equal(sweeps[0], chain.tokens.codes[lo - stride:hi - stride])  # no sweep: the row above's tokens
     # one sweep already agrees with the chain on most cells
-    assert (sweeps[1] == chain.codes[lo:hi]).float().mean() >= 0.5
+    assert (sweeps[1] == chain.tokens.codes[lo:hi]).float().mean() >= 0.5
 
 
 def test_exact_with_row_sweeps_is_still_ar_and_drafts_about_as_well(bundled):

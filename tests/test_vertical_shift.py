@@ -31,7 +31,7 @@ def test_online_vertical_drafts_read_the_shifted_cell_and_match_the_offline_ones
     H, W = layout.grid
     cells = layout.slot_of_cell.view(H, W)
     run, seen = drafted_rows(model, heads, rows=3)
-    e = model.embed(run.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
+    e = model.embed(run.tokens.ids.clamp(min=0)[None].to(model.device))[0]  # [L, d]
     for y in (1, 2):  # row 2 reads row 1's drafted features and tokens
         src = cells[y - 1, [min(x + shift, W - 1) for x in range(W)]]
         with torch.no_grad():

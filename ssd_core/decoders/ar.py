@@ -12,7 +12,7 @@ class ARPolicy(Policy):
         one = run.index.slots(slot, slot + 1)
         i = slot - run.cached  # the logits predicting `slot` (its context is all final)
         r = run.index.images_before[slot]
-        run.set_tokens(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
-        run.finalize(one)
+        run.tokens.write(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
+        run.tokens.finalize(one)
         run.advance(slot + 1)
         run.set_end(slot + 1)

@@ -127,7 +127,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_steps(run, s, stop))
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
-                pred = run.call_heads(heads.vertical, run.features[:, src], _embed(run, run.ids[src]))  # [B, n, d]
+                pred = run.call_heads(heads.vertical, run.features[:, src], _embed(run, run.tokens.ids[src]))  # [B,n,d]
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
                 before = run.index.images_before
@@ -135,7 +135,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 run.set_features(slice(s, stop), pred)
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
-        run.set_tokens(slots, codes)
+        run.tokens.write(slots, codes)
         run.set_end(stop)
         s = run.end
 
@@ -173,7 +173,7 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     per-cell ops alike). -> codes [hi - lo]; the features are written."""
     slots = run.index.slots(lo, hi)  # [n]
     above, before_lo = _row_above(run, lo, hi)
-    codes = run.codes[slots - run.layout.row_stride]  # [n] first guess: the row above's tokens
+    codes = run.tokens.codes[slots - run.layout.row_stride]  # [n] first guess: the row above's tokens
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     for sweep in range(sweeps + 1):
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d] the current tokens
@@ -206,7 +206,7 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     parts = _row_above(run, lo, hi)
     above, before_lo = parts
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
-    codes = run.codes[slots - stride]  # the first guess: the row above's tokens
+    codes = run.tokens.codes[slots - stride]  # the first guess: the row above's tokens
     for _ in range(sweeps):
         tokens = _embed(run, run.index.id_of_code[codes])  # [n, d]
         # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
@@ -251,7 +251,7 @@ def _row_above(run: Run, lo: int, hi: int) -> tuple[list, torch.Tensor]:
     above-left, in Hv's order; [1, d] the embedding of the token before lo)."""
     columns = (0, 1, -1) if run.heads.vertical_left >= 2 else (0, 1)
     slots = [[_above(run, t, k) for t in range(lo, hi)] for k in columns]
-    e = _embed(run, run.ids[[t for c in slots for t in c] + [lo - 1]])  # one lookup for the whole stretch
+    e = _embed(run, run.tokens.ids[[t for c in slots for t in c] + [lo - 1]])  # one lookup for the whole stretch
     n = hi - lo
     return [(run.features[:, c], e[i * n:(i + 1) * n]) for i, c in enumerate(slots)], e[-1:]
 
@@ -287,10 +287,11 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     stop = min((k // stride) * stride + W, run.end, k + 1 + cells)  # cells of this row inside the window
     if k + 1 >= stop:
         return
-    at_k = run.call_heads(run.heads.horizontal, feature(run, k - 1), _embed(run, run.ids[k:k + 1])[0])  # [B, d] at k
+    before, token = feature(run, k - 1), _embed(run, run.tokens.ids[k:k + 1])[0]
+    at_k = run.call_heads(run.heads.horizontal, before, token)  # [B, d] the feature at k
     # the last re-drafted slot's feature is not written (one Hh call fewer): no draft of this window reads it
     codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False)
-    run.set_tokens(run.index.slots(k + 1, stop), codes)
+    run.tokens.write(run.index.slots(k + 1, stop), codes)
 
 
 def _forced_features(run: Run, s: int) -> None:
@@ -300,7 +301,7 @@ def _forced_features(run: Run, s: int) -> None:
     while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_end:
         f -= 1
     for t in range(f, s):
-        token = _embed(run, run.ids[t:t + 1])[0]
+        token = _embed(run, run.tokens.ids[t:t + 1])[0]
         run.set_features(t, run.call_heads(run.heads.horizontal, feature(run, t - 1), token))
 
 
@@ -325,12 +326,12 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
         if b > a:
             slots = run.index.image_ids[a:b]
             if s >= stride:  # copies of the row above (drafted before this row)
-                codes = run.codes[slots - stride]
+                codes = run.tokens.codes[slots - stride]
             elif first_row_logp is not None:
                 codes = run.gumbel_sample(first_row_logp[None].expand(b - a, -1), a, b)
             else:
                 return
-            run.set_tokens(slots, codes)
+            run.tokens.write(slots, codes)
         run.set_end(stop)
 
 
@@ -360,11 +361,11 @@ class WindowDrafter(Drafter):
             if hi <= lo:
                 return
             slots = run.index.image_ids[lo:hi]
-            above = run.codes[(slots - stride).clamp(min=0)]
+            above = run.tokens.codes[(slots - stride).clamp(min=0)]
             first_row = (slots < stride) | (above < 0) | (not self.above)  # nothing above: uniform random
             codes = torch.where(first_row, run.random_codes(hi - lo), above)
             onehot = torch.nn.functional.one_hot(codes, V).float()
             q = torch.where(first_row[:, None] & (not self.onehot), 1.0 / V, onehot)
-            run.set_tokens(slots, codes)
+            run.tokens.write(slots, codes)
             run.put_q(lo, q)
             run.set_end(run.index.image_slots[hi - 1] + 1)

@@ -44,16 +44,16 @@ class ExactPolicy(Policy):
         # after a correction in the first row), or without heads copies of the row above
         self.drafter = drafter_for(run, self.use_heads, pick=coupled, sweeps=JACOBI_SWEEPS, redraft=FIRST_ROW_REDRAFT)
         if run.prompt is not None:  # the trace then names the decisions the window's rounding could flip
-            run.track_exactness(exactness.error_bound(run.model, run.prompt, run.ids))
+            run.track_exactness(exactness.error_bound(run.model, run.prompt, run.tokens.ids))
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits, self.drafter)
         if run.done:
             return
-        cells, steps = run.final_cells - self.stretch[0], run.steps - self.stretch[1]
+        cells, steps = run.final_cells - self.stretch[0], run.counts.steps - self.stretch[1]
         if self.tuner is not None and cells >= run.layout.grid[1]:  # a row's worth made: its acceptance counts
             self.rows = self.tuner.rows_after(self.rows, cells, steps)
-            self.stretch = (run.final_cells, run.steps)
+            self.stretch = (run.final_cells, run.counts.steps)
             self.params["draft_rows_picked"] = self.rows  # the trace says the rows it ended with
         self.drafter.draft(run, rows_end(run, run.final_end, self.rows), latest)
 
@@ -72,13 +72,13 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     logp = run.logp(logits[:, slots - C], slots)
     latest = logp[-1]
     verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
-    match = run.codes[slots] == verdict
+    match = run.tokens.codes[slots] == verdict
     if last >= end:  # the slot past the window was not fed: nothing to match
         match[-1] = False
     lead = match.long().cumprod(0).sum()  # the leading matches
     final = run.index.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
-    run.set_tokens(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
-    run.finalize(slots, final)
+    run.tokens.write(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
+    run.tokens.finalize(slots, final)
     n_final = min(run.sync(lead)[0] + 1, b - a)
     run.note_near_ties(logits[:, slots - C], logp, a, n_final)  # scores only the n_final final decisions
     last_final = run.index.image_slots[a + n_final - 1]

@@ -49,7 +49,7 @@ class SCDPolicy(Policy):
     def begin(self, run: Run) -> None:
         self.drafter = WindowDrafter(self.window, above=False, random_q="onehot")
         if self.accept is Accept.MATCH and run.prompt is not None:  # ar's tokens: name the near-ties, as ssd-exact
-            run.track_exactness(exactness.error_bound(run.model, run.prompt, run.ids))
+            run.track_exactness(exactness.error_bound(run.model, run.prompt, run.tokens.ids))
 
     def update(self, run: Run, logits, features) -> None:
         if self.accept is Accept.MATCH:

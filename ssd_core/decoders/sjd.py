@@ -40,15 +40,15 @@ def jacobi_verify(run: Run, logits, accept, redraw, pick_next) -> None:
         logp = run.logp(logits[:, slots - C], slots)
         p = logp.exp()  # [n, V] on the model's device
         q = run.q_at(a, b)
-        tok = run.codes[slots]
+        tok = run.tokens.codes[slots]
         ok = run.uniform(b - a) < accept(logp, p, q, tok)
         lead = ok.long().cumprod(0).sum()  # accepted in prefix order
         order = run.index.slot_ids[:b - a]
         fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
         rest = redraw(logp, p, a, b)
         codes = torch.where(order < lead, tok, torch.where(order == lead, fix, rest))
-        run.set_tokens(slots, codes, draft=order > lead)
-        run.finalize(slots, order <= lead)
+        run.tokens.write(slots, codes, draft=order > lead)
+        run.tokens.finalize(slots, order <= lead)
         run.put_q(a, p)  # the redrawn ones are draws of p (the final ones are not read again)
         kept = run.sync(lead)[0]
         whole = kept == b - a
@@ -56,7 +56,7 @@ def jacobi_verify(run: Run, logits, accept, redraw, pick_next) -> None:
     if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
         s = run.end  # the token after a window kept whole
         one = run.index.slots(s, s + 1)
-        run.set_tokens(one, pick_next(run.logp(logits[:, s - C:s - C + 1], one), s), draft=False)
-        run.finalize(one)
+        run.tokens.write(one, pick_next(run.logp(logits[:, s - C:s - C + 1], one), s), draft=False)
+        run.tokens.finalize(one)
         run.advance(s + 1)
         run.set_end(s + 1)

@@ -102,7 +102,7 @@ class SJDPACPolicy(Policy):
             T += 1
         if T == 0:
             return None
-        first = run.codes[run.index.image_ids[a:a + T]]
+        first = run.tokens.codes[run.index.image_ids[a:a + T]]
         cand, valid = candidates(run.q_at(a, a + T), first, self.width, run.rng)
         paths = [path for level in range(1, T + 1) for path in product(range(self.width), repeat=level) if any(path)]
         self.tree = (a, T, cand, valid, {path: i for i, path in enumerate(paths)})
@@ -123,8 +123,8 @@ class SJDPACPolicy(Policy):
         if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
             s = run.end  # the token after a window kept whole (every token as fed): an exact draw
             one = run.index.slots(s, s + 1)
-            run.set_tokens(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
-            run.finalize(one)
+            run.tokens.write(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
+            run.tokens.finalize(one)
             run.advance(s + 1)
             run.set_end(s + 1)
         self.drafter.draft(run, run.index.L)
@@ -136,7 +136,7 @@ class SJDPACPolicy(Policy):
         slots = run.index.image_ids[a:b]
         p = run.logp(logits[:, slots - C], slots).exp()  # [n, V] each open slot's p along the window (main path)
         q = run.q_at(a, b)
-        tok = run.codes[slots]
+        tok = run.tokens.codes[slots]
         order = run.index.slot_ids[:n]
         T = 0 if tree is None else tree[1]
         zero = order.new_zeros(())
@@ -180,8 +180,8 @@ class SJDPACPolicy(Policy):
             codes[:T] = torch.where(final[:T], torch.stack(codes_tree), codes[:T])
             if bonus_ok:
                 codes[T] = torch.where(alive & ~main, bonus, codes[T])
-        run.set_tokens(slots, codes, draft=~final)
-        run.finalize(slots, final)
+        run.tokens.write(slots, codes, draft=~final)
+        run.tokens.finalize(slots, final)
         run.put_q(a, p)  # the continued drafts are draws of their stale p (the final ones are not read again)
         n_host, whole = run.sync(n_final, on_main & (chain == n - T))
         run.advance(run.index.image_slots[a + min(n_host, n) - 1] + 1)

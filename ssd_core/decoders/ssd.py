@@ -65,7 +65,7 @@ class SSDPolicy(Policy):
         self.blocks = HeadsDrafter(sampled)  # the lossy blocks: independent draws, q recorded
 
     def update(self, run: Run, logits, features) -> None:
-        stride, syncs = run.layout.row_stride, run.syncs
+        stride, syncs = run.layout.row_stride, run.counts.syncs
         if self.repair == Repair.REDRAW and run.cached < run.final_end:
             self.repair_committed(run, logits)
         if self.stable_first_row == FirstRow.EXACT and run.final_end < stride:  # the first row as ar draws it
@@ -79,25 +79,25 @@ class SSDPolicy(Policy):
             slots = run.index.image_ids[a:b]
             p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] verifier, on the model's device
             q = run.q_at(a, b)  # [n, V] what each token was drawn from
-            tok = run.codes[slots]
+            tok = run.tokens.codes[slots]
             bad = rejected(run.uniform(b - a), p, q, tok)
             fix, mass = residual_and_mass(p, q)
             record_checks(run, self.rounds - 1, a, b, bad, mass)
             fixes = run.sample_probs(fix)  # a residual draw for every slot
-            run.set_tokens(slots, torch.where(bad, fixes, tok), draft=False)
+            run.tokens.write(slots, torch.where(bad, fixes, tok), draft=False)
             run.put_q(a, p)  # each token is now a sample of this round's p
             done = self.block_done(run, run.index.image_slots[a], b - a, bad)
             if isinstance(done, torch.Tensor):
-                run.finalize(slots, done)
+                run.tokens.finalize(slots, done)
                 done = bool(run.sync(done)[0])
             elif done:
-                run.finalize(slots)
+                run.tokens.finalize(slots)
             if done:
                 run.advance(run.end)
         if run.final_end >= run.end and run.end < run.index.L:
             self.rounds = 0
             # no host copy made yet in this step: the drafter may make it (its rows' drafts found by sweeps)
-            self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.syncs == syncs)
+            self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.counts.syncs == syncs)
 
     @staticmethod
     def repair_committed(run: Run, logits) -> None:
@@ -112,9 +112,9 @@ class SSDPolicy(Policy):
             return
         slots = run.index.image_ids[a:b]
         p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] each token's final-context p
-        tok = run.codes[slots]
+        tok = run.tokens.codes[slots]
         outside = p.gather(1, tok[:, None]).squeeze(1) <= 0
-        run.set_tokens(slots, torch.where(outside, run.sample_probs(p), tok), draft=False)
+        run.tokens.write(slots, torch.where(outside, run.sample_probs(p), tok), draft=False)
 
 
 def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ class ZipARPolicy(Policy):
         self.rows = (0, 1)  # the rows writing now: [first unfinished, last started + 1)
 
     def visible(self, run: Run):
-        return run.final[run.cached:run.end].clone()
+        return run.tokens.final[run.cached:run.end].clone()
 
     def update(self, run: Run, logits, features) -> None:
         H, W = run.layout.grid
@@ -32,8 +32,8 @@ class ZipARPolicy(Policy):
             new = [self.cells[y][self.done[y]] for y in range(lo, hi)]
             assert max(new) <= run.end and max(new) - run.cached < logits.shape[1], "zipar: a row ran past its window"
             slots = self.cells_dev[lo:hi].gather(1, self.done_dev[lo:hi]).squeeze(1)
-            run.set_tokens(slots, run.sample(run.logp(logits[:, slots - run.cached], slots)), draft=False)
-            run.finalize(slots)
+            run.tokens.write(slots, run.sample(run.logp(logits[:, slots - run.cached], slots)), draft=False)
+            run.tokens.finalize(slots)
             self.done_dev[lo:hi] += 1
             for y in range(lo, hi):
                 self.done[y] += 1
@@ -45,4 +45,4 @@ class ZipARPolicy(Policy):
             hi += 1
         self.rows = (lo, hi)
         run.advance(self.cells[lo][self.done[lo]] if lo < H else run.index.L, sum(self.done))
-        run.fill_holes()  # holes: open cells are fed a placeholder
+        run.tokens.fill_holes(run.cached, run.end)  # holes: open cells are fed a placeholder
