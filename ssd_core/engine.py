@@ -215,7 +215,7 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
         if fed and generation.on_step is not None:
             for i in active:
                 generation.on_step(T.progress(runs[i], i))
-        done = [i for i in active if runs[i].done]
+        done = [i for i in active if runs[i].window.done]
         if not done:
             continue
         active = [i for i in active if i not in done]
@@ -237,7 +237,7 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
-    fed = [run.tokens.ids[run.cached:run.end].clone() for run in runs]
+    fed = [run.tokens.ids[run.window.cached:run.window.end].clone() for run in runs]
     # a policy's draft tree: tokens fed after its window that are no slot (Branches), only with a window
     branches = [policy.branches(run) if f.numel() else None for run, policy, f in zip(runs, policies, fed)]
     feeds = [f if b is None else torch.cat([f, b.ids]) for f, b in zip(fed, branches)]
@@ -260,11 +260,11 @@ def _last_keys(rows: _Rows, runs: list[Run], images: list[int], layout: Layout, 
     """The last images' tokens past their kept prefix get their keys (one forward), so that the cache holds every
     sequence whole. -> 1 when that forward ran (the trace's finalize), else 0."""
     session = rows.session
-    first = min(run.cached for run in runs)
+    first = min(run.window.cached for run in runs)
     if first >= layout.num_slots:
         return 0
     held = list(session.held_host)
-    last = [run.tokens.ids[run.cached:] for run in runs]
+    last = [run.tokens.ids[run.window.cached:] for run in runs]
     ids, visible, _ = _batch_ids(session, [rows.dev[i] for i in images], last, [None] * len(runs),
                                  layout.num_slots - first, pad_id)
     with watch.forward("finalize"):
@@ -306,7 +306,7 @@ def _tree(run: Run, k: int, b: Branches, visible: torch.Tensor | None) -> tuple[
     """The window mask [k + m, k + m] and positions [k + m] of a window of k slots followed by the branches b: the
     window causal (and `visible`), each branch sees the window slots below its `sees` slot, its parent chain and
     itself, at its slot's position; no window slot sees a branch (its keys are cropped after the step)."""
-    m, C = len(b.slots), run.cached
+    m, C = len(b.slots), run.window.cached
     mask = torch.zeros(k + m, k + m, dtype=torch.bool)
     mask[:k, :k] = torch.ones(k, k, dtype=torch.bool).tril()
     if visible is not None:
@@ -323,7 +323,7 @@ def _tree(run: Run, k: int, b: Branches, visible: torch.Tensor | None) -> tuple[
 
 
 def _no_token(decoder: str, run: Run, fed: torch.Tensor):
-    raise RuntimeError(f"{decoder}: window slot without a token at {run.cached + int((fed < 0).nonzero()[0])}")
+    raise RuntimeError(f"{decoder}: window slot without a token at {run.window.cached + int((fed < 0).nonzero()[0])}")
 
 
 def _batch_ids(session: KVSession, rows: list[torch.Tensor], fed: list[torch.Tensor], visibles: list, n: int,

@@ -14,10 +14,9 @@ import torch
 from .errors import SSDError
 from .exactness import near_ties
 from .observer import NONE
-from .sampling import (SamplerSettings, all_rows_finite, check_finite, draw, draw_probs, guide, gumbel, gumbel_argmax,
-                       log_probs, not_finite_message, seeded_generator, uniforms)
+from .run_state import Counts, Draws, Tokens, Window
+from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
-from .run_state import Counts, Tokens
 from .slots import SlotIndex
 
 
@@ -37,31 +36,13 @@ class Run:
         self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
         self.counts = Counts()  # steps, head calls, host copies, verification records
         self.tokens = Tokens(ix, self.counts)  # token state per slot: ids, codes, final, ...
-        # How far the run is fixed, as host slot numbers (each an end: the slots [0, x)); only the engine moves cached
-        #   cached     slots whose keys are in this image's rows of the KV cache, computed from final tokens only
-        #              (session.cached is another number: the batch's cache columns, the most any row holds). The
-        #              window starts here: a step's logits[:, j] predict slot cached + j. After a step it moves to
-        #              cached_next(), the fed slots that keep their keys.
-        #   final_end  the final prefix: every slot below it is final; its first open slot (L when done). The
-        #              policy moves it (advance); cached <= final_end.
-        #   end        the window end: the window [cached, end) is fed in the next forward (set_end, the drafters).
-        #   fed_end    every slot below it has been fed at least once (so it has a feature of the model).
-        self.cached = 0
-        self.final_end = ix.next_image[0]
-        self.end = 0
-        self.fed_end = 0
-        self.final_cells = 0  # host: image cells that are final
-        self.fed: torch.Tensor | None = None  # [k] ids fed at slots [cached, cached + k) this step
-        self.fed_visible: torch.Tensor | None = None  # [k] which of them other slots could see (None: all)
+        self.window = Window(ix)  # how far the run is fixed: cached <= final_end, end
+        self.draws = Draws(settings, ix, self.window, layout.grid[1], dev)  # generator, q and noise of open slots
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
-        self._cached_next: int | None = None  # cached after this step, once synced
-        self.rng = seeded_generator(settings.seed, dev)
         B, d = last_features.shape
         self.features = torch.zeros(B, ix.L, d, dtype=model.dtype, device=dev)  # latest feature per slot
         self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
         self.prompt_features = last_features  # [B, d] features predicting slot 0
-        self.q = SlotTable(self.index.V, dev)  # per open slot: the distribution its token was drawn from
-        self.noise = SlotTable(self.index.V, dev)  # per open slot: its Gumbel noise (a function of seed, slot)
         self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest `logp`
         self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
@@ -77,15 +58,6 @@ class Run:
     def image_slots(self) -> list[int]:
         """Host: the image slots in order (self.index.image_slots; kept for tests/tiny.py)."""
         return self.index.image_slots
-
-    @property
-    def done(self) -> bool:
-        return self.final_end >= self.L
-
-    def open_span(self, lo: int, hi: int) -> tuple[int, int]:
-        """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
-        before = self.index.images_before
-        return before[min(max(lo, self.final_end), self.L)], before[min(max(hi, lo), self.L)]
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
@@ -118,10 +90,11 @@ class Run:
         """The engine fed ids [k] at slots [cached, cached + k) (visible: which others could see them; features
         [B, k, d] and raw logits [B, k, V] their outputs, None when k = 0) -> the step's raw logits [B, k + 1, V]
         predicting slots cached..cached + k, for the policy's update."""
-        C, k = self.cached, fed.numel()
-        self.tokens.verified[C:self.end] += 1
-        self.fed, self.fed_visible, self._cached_next = fed, visible, None
-        self.fed_end = max(self.fed_end, C + k)
+        w = self.window
+        C, k = w.cached, fed.numel()
+        self.tokens.verified[C:w.end] += 1
+        w.fed, w.fed_visible, w.next_cached = fed, visible, None
+        w.fed_end = max(w.fed_end, C + k)
         if not k:
             return self.next_logits[:, None]
         self.counts.steps += 1
@@ -131,22 +104,23 @@ class Run:
     def end_step(self, logits: torch.Tensor) -> int:
         """After the policy's update: `cached` moves to cached_next() (the step's one host copy, unless the policy
         made it), the logits predicting it are kept for the next step. -> the new `cached`."""
-        C = self.cached
-        self.cached = self.cached_next()
-        self.next_logits = logits[:, self.cached - C]
-        return self.cached
+        w = self.window
+        C = w.cached
+        w.cached = self.cached_next()
+        self.next_logits = logits[:, w.cached - C]
+        return w.cached
 
     def finish(self, cached: int) -> None:
         """The run is over: raise any deferred check that failed; `cached`: the slots the cache holds now."""
         self.flush()
-        self.cached = cached
+        self.window.cached = cached
 
     def sync(self, *values: torch.Tensor) -> list[int]:
         """Copy these 0-d integer tensors, the step's cached_next and the pending checks to the host at once.
 
         Call it after the fed slots' final tokens are written (cached_next is read then)."""
         flags = [ok for ok, _ in self.pending]
-        kept = self._fed_kept() if self._cached_next is None else None
+        kept = self._fed_kept() if self.window.next_cached is None else None
         parts = [v.reshape(1).long() for v in values] + ([kept.reshape(1)] if kept is not None else []) + \
             [f.reshape(1).long() for f in flags]
         out = torch.cat(parts).tolist() if parts else []
@@ -156,15 +130,15 @@ class Run:
             if not ok:
                 fail()
         if kept is not None:
-            self._cached_next = self.cached + out[len(values)]
+            self.window.next_cached = self.window.cached + out[len(values)]
         return out[:len(values)]
 
     def cached_next(self) -> int:
         """`cached` after this step: it ends at the first fed slot that is not final, changed since fed, or fed
         after a slot that was hidden."""
-        if self._cached_next is None:
+        if self.window.next_cached is None:
             self.sync()
-        return self._cached_next
+        return self.window.next_cached
 
     def flush(self) -> None:
         """Raise any deferred check that failed (end of the run)."""
@@ -173,22 +147,17 @@ class Run:
 
     def _fed_kept(self) -> torch.Tensor:
         """0-d: how many fed slots from `cached` keep their keys."""
-        k = 0 if self.fed is None else self.fed.numel()
+        w = self.window
+        k = 0 if w.fed is None else w.fed.numel()
         if k == 0:
             return self.index.slot_ids[0]
-        C = self.cached
-        ok = self.tokens.final[C:C + k] & (self.tokens.ids[C:C + k] == self.fed)
-        if self.fed_visible is not None:  # no slot before them was hidden when fed
-            ok[1:] &= self.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
+        C = w.cached
+        ok = self.tokens.final[C:C + k] & (self.tokens.ids[C:C + k] == w.fed)
+        if w.fed_visible is not None:  # no slot before them was hidden when fed
+            ok[1:] &= w.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
         return ok.long().cumprod(0).sum()
 
-    # ---- the window (host) and the features (device) ------------------------------------------------
-    def advance(self, slot: int, cells: int | None = None) -> None:
-        """Every image slot below `slot` is final (host bookkeeping); cells: the image cells final in all (None:
-        those below it, for decoders whose final slots form a prefix)."""
-        self.final_end = self.index.next_image[min(slot, self.L)]
-        self.final_cells = self.index.images_before[self.final_end] if cells is None else cells
-
+    # ---- the drafters: features and the heads ---------------------------------------------------------
     def set_features(self, slots, features: torch.Tensor) -> None:
         """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
         self.features[:, slots] = features
@@ -206,97 +175,15 @@ class Run:
         """From now on note_near_ties marks the final decisions a raw-logit error of error_bound (0-d) could flip."""
         self.exact_error = error_bound
 
-    def set_end(self, end: int) -> None:
-        """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
-        tokens before them)."""
-        self.end = end
-        while self.end < self.L and self.index.forced[self.end]:
-            self.end += 1
-
-    def q_at(self, a: int, b: int) -> torch.Tensor:
-        """[n, V] the distributions the current tokens of the open image slots of ranks [a, b) were drawn from."""
-        return self.q.get(a, b)
-
-    def put_q(self, a: int, dist: torch.Tensor) -> None:
-        """dist [n, V] for the open image slots of ranks [a, a + n)."""
-        self.q.span(self.index.images_before[self.final_end], a + dist.shape[0])
-        self.q.put(a, dist)
-
-    def sample(self, logp: torch.Tensor) -> torch.Tensor:
-        """Independent samples from rows of log p (the seeded generator of this run)."""
-        return draw(logp, self.rng)
-
-    def sample_probs(self, p: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
-        """sample() from probabilities p [n, V]; u [n, 1]: with the uniforms drawn earlier by draws_ahead."""
-        return draw_probs(p, self.rng, u)
-
-    def draws_ahead(self, n: int) -> torch.Tensor:
-        """[n, 1] the uniforms that the next n rows of sample_probs would take, drawn now (sampling.uniforms)."""
-        return uniforms(self.rng, n)
-
-    def random_codes(self, n: int) -> torch.Tensor:
-        """[n] uniform random image codes from the run's generator."""
-        return torch.randint(self.index.V, (n,), generator=self.rng, device=self.index.slot_ids.device)
-
-    def gumbel_sample(self, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
-        """Gumbel-max samples for the image slots of ranks [a, b), keyed by (seed, slot): the same slot always
-        gets the same noise."""
-        if self.settings.temperature == 0:
-            return logp.argmax(-1)
-        if b > self.noise.hi:  # each slot's noise is made once, a row ahead (of the first open slot and of b)
-            first, W = self.index.images_before[self.final_end], self.layout.grid[1]
-            lo, hi = max(self.noise.hi, first), min(len(self.index.image_slots), max(b + W - 1, first + W))
-            self.noise.span(first, hi)
-            self.noise.put(lo, gumbel(self.settings.seed, self.index.image_ids[lo:hi], self.index.V))
-        return gumbel_argmax(logp.float(), self.noise.get(a, b))
-
     def note_near_ties(self, raw: torch.Tensor, logp: torch.Tensor, a: int, n: int) -> None:
         """Mark the decisions just made final at the open image slots of ranks [a, a + n) that a raw-logit error
         of exact_error could flip (exactness.near_ties; raw [B, >= n, V] and logp [>= n, V] from the window's
         first open slot: only their first n rows, the final ones, are scored)."""
         if self.exact_error is None:
             return
-        noise = None if self.settings.temperature == 0 else self.noise.get(a, a + n)
+        noise = None if self.settings.temperature == 0 else self.draws.noise.get(a, a + n)
         ties = near_ties(raw[:, :n], self.guided[:n], logp[:n], noise, self.settings, self.exact_error)
         self.tokens.near_tie[self.index.image_ids[a:a + n]] |= ties
-
-    def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.rng, device=self.index.slot_ids.device)
-
-
-class SlotTable:
-    """Rows [V] for a moving span [lo, hi) of image slots (by rank) on the model's device: what open slots
-    need across steps. The span's rows sit in a buffer with room to grow: moving lo up or hi within the room
-    copies nothing (a drafted cell's q used to reallocate and copy the whole table); when the span outgrows
-    it, its rows move to a new buffer half again as large (about window-sized). Rows never written are 0."""
-
-    def __init__(self, V: int, device):
-        self.base = 0  # rank of the buffer's first row
-        self.lo = self._hi = 0
-        self.rows = torch.zeros(0, V, device=device)  # the buffer
-
-    @property
-    def hi(self) -> int:
-        return self._hi
-
-    def get(self, a: int, b: int) -> torch.Tensor:
-        return self.rows[a - self.base:b - self.base]
-
-    def span(self, lo: int, hi: int) -> None:
-        """Cover ranks [lo, max(hi, self.hi)), dropping rows below lo (lo never moves down)."""
-        hi = max(hi, self._hi)
-        if lo < self.base or hi - self.base > self.rows.shape[0]:  # out of room: a new buffer from lo
-            size = hi - lo + max(16, (hi - lo) // 2)
-            rows = torch.zeros(size, self.rows.shape[1], device=self.rows.device)
-            a, b = max(lo, self.lo), min(self._hi, hi)
-            if b > a:
-                rows[a - lo:b - lo] = self.rows[a - self.base:b - self.base]
-            self.rows, self.base = rows, lo
-        self.lo, self._hi = lo, hi
-
-    def put(self, a: int, values: torch.Tensor) -> None:
-        """values [n, V] for ranks [a, a + n) inside the span."""
-        self.rows[a - self.base:a - self.base + values.shape[0]] = values
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
-"""The parts of one generation's state that run.Run holds (docs/engine.md, "The state of a run"):
+"""The parts of one generation's state, which a Run (run.py) holds one of each (docs/engine.md, "The state of a run"):
 
 Counts   what the run counts (host numbers): steps, head calls, host copies, the verification records
 Tokens   the token state per slot (device tensors): ids, codes, which are final and how each got its value
+Window   how far the run is fixed (host slot numbers): cached <= final_end, and the window's end
+Draws    the run's randomness: its seeded generator, the open slots' draft distributions and Gumbel noise
 
-Policies and drafters change them only through their methods (Tokens.write, finalize, fill_holes)."""
+Policies and drafters change them only through their methods (Tokens.write, finalize, fill_holes; Window.advance,
+set_end; Draws.put_q); only the engine moves Window.cached (Run.begin_step, end_step, finish)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import trace as T
+from .sampling import SamplerSettings, draw, draw_probs, gumbel, gumbel_argmax, seeded_generator, uniforms
 from .slots import SlotIndex
 
 
@@ -80,3 +84,139 @@ class Tokens:
         """The open slots in [lo, hi) get a placeholder id (code 0's): fed where no other slot may see them (zipar)."""
         window = slice(lo, hi)
         self.ids[window] = self.ids[window].where(self.final[window], self.index.id_of_code[0])
+
+
+class Window:
+    """How far a run is fixed, as host slot numbers, each an end (the slots [0, x)):
+
+      cached     slots whose keys are in this image's rows of the KV cache, computed from final tokens only
+                 (session.cached is another number: the batch's cache columns, the most any row holds). The window
+                 starts here: a step's logits[:, j] predict slot cached + j. Only the engine moves it: after a step
+                 to Run.cached_next(), the fed slots that keep their keys.
+      final_end  the final prefix: every slot below it is final; its first open slot (L when done). The policy
+                 moves it (advance); cached <= final_end.
+      end        the window end: the window [cached, end) is fed in the next forward. The policy and its drafter
+                 move it (set_end).
+      fed_end    every slot below it has been fed at least once (so it has a feature of the model)."""
+
+    def __init__(self, index: SlotIndex):
+        self.index = index
+        self.cached = 0
+        self.final_end = index.next_image[0]
+        self.end = 0
+        self.fed_end = 0
+        self.final_cells = 0  # image cells that are final (advance)
+        self.fed: torch.Tensor | None = None  # [k] ids fed at slots [cached, cached + k) this step
+        self.fed_visible: torch.Tensor | None = None  # [k] which of them other slots could see (None: all)
+        self.next_cached: int | None = None  # cached after this step, once synced (Run.cached_next)
+
+    @property
+    def done(self) -> bool:
+        return self.final_end >= self.index.L
+
+    def open_span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Ranks [a, b) of the open image slots in [lo, hi) (decoders whose final slots form a prefix)."""
+        before, L = self.index.images_before, self.index.L
+        return before[min(max(lo, self.final_end), L)], before[min(max(hi, lo), L)]
+
+    def advance(self, slot: int, cells: int | None = None) -> None:
+        """Every image slot below `slot` is final; cells: the image cells final in all (None: those below it, for
+        decoders whose final slots form a prefix)."""
+        self.final_end = self.index.next_image[min(slot, self.index.L)]
+        self.final_cells = self.index.images_before[self.final_end] if cells is None else cells
+
+    def set_end(self, end: int) -> None:
+        """The window now ends at `end`, and the forced slots right after it join it (they are fed with the
+        tokens before them)."""
+        self.end = end
+        while self.end < self.index.L and self.index.forced[self.end]:
+            self.end += 1
+
+
+class Draws:
+    """The run's randomness: its seeded generator (independent draws, in the order the policy asks for them) and,
+    per open image slot (by rank, from the window's first open slot on), the distribution its token was drawn from
+    (q) and its Gumbel noise (a function of the seed and the slot)."""
+
+    def __init__(self, settings: SamplerSettings, index: SlotIndex, window: Window, width: int, device):
+        self.settings, self.index, self.window = settings, index, window
+        self.width = width  # image cells a row: the noise is made a row ahead
+        self.rng = seeded_generator(settings.seed, device)
+        self.q = SlotTable(index.V, device)  # [open slots, V] the distribution each token was drawn from
+        self.noise = SlotTable(index.V, device)  # [open slots, V] each slot's Gumbel noise
+
+    def sample(self, logp: torch.Tensor) -> torch.Tensor:
+        """Independent samples from rows of log p (the seeded generator of this run)."""
+        return draw(logp, self.rng)
+
+    def sample_probs(self, p: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """sample() from probabilities p [n, V]; u [n, 1]: with the uniforms drawn earlier by uniforms_ahead."""
+        return draw_probs(p, self.rng, u)
+
+    def uniforms_ahead(self, n: int) -> torch.Tensor:
+        """[n, 1] the uniforms that the next n rows of sample_probs would take, drawn now (sampling.uniforms)."""
+        return uniforms(self.rng, n)
+
+    def random_codes(self, n: int) -> torch.Tensor:
+        """[n] uniform random image codes from the run's generator."""
+        return torch.randint(self.index.V, (n,), generator=self.rng, device=self.index.slot_ids.device)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        """[n] uniforms in [0, 1) from the run's generator."""
+        return torch.rand(n, generator=self.rng, device=self.index.slot_ids.device)
+
+    def gumbel_sample(self, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """Gumbel-max samples for the image slots of ranks [a, b), keyed by (seed, slot): the same slot always
+        gets the same noise."""
+        if self.settings.temperature == 0:
+            return logp.argmax(-1)
+        if b > self.noise.hi:  # each slot's noise is made once, a row ahead (of the first open slot and of b)
+            first, W = self.index.images_before[self.window.final_end], self.width
+            lo, hi = max(self.noise.hi, first), min(len(self.index.image_slots), max(b + W - 1, first + W))
+            self.noise.span(first, hi)
+            self.noise.put(lo, gumbel(self.settings.seed, self.index.image_ids[lo:hi], self.index.V))
+        return gumbel_argmax(logp.float(), self.noise.get(a, b))
+
+    def q_at(self, a: int, b: int) -> torch.Tensor:
+        """[n, V] the distributions the current tokens of the open image slots of ranks [a, b) were drawn from."""
+        return self.q.get(a, b)
+
+    def put_q(self, a: int, dist: torch.Tensor) -> None:
+        """dist [n, V] for the open image slots of ranks [a, a + n)."""
+        self.q.span(self.index.images_before[self.window.final_end], a + dist.shape[0])
+        self.q.put(a, dist)
+
+
+class SlotTable:
+    """Rows [V] for a moving span [lo, hi) of image slots (by rank) on the model's device: what open slots
+    need across steps. The span's rows sit in a buffer with room to grow: moving lo up or hi within the room
+    copies nothing (a drafted cell's q used to reallocate and copy the whole table); when the span outgrows
+    it, its rows move to a new buffer half again as large (about window-sized). Rows never written are 0."""
+
+    def __init__(self, V: int, device):
+        self.base = 0  # rank of the buffer's first row
+        self.lo = self._hi = 0
+        self.rows = torch.zeros(0, V, device=device)  # the buffer
+
+    @property
+    def hi(self) -> int:
+        return self._hi
+
+    def get(self, a: int, b: int) -> torch.Tensor:
+        return self.rows[a - self.base:b - self.base]
+
+    def span(self, lo: int, hi: int) -> None:
+        """Cover ranks [lo, max(hi, self.hi)), dropping rows below lo (lo never moves down)."""
+        hi = max(hi, self._hi)
+        if lo < self.base or hi - self.base > self.rows.shape[0]:  # out of room: a new buffer from lo
+            size = hi - lo + max(16, (hi - lo) // 2)
+            rows = torch.zeros(size, self.rows.shape[1], device=self.rows.device)
+            a, b = max(lo, self.lo), min(self._hi, hi)
+            if b > a:
+                rows[a - lo:b - lo] = self.rows[a - self.base:b - self.base]
+            self.rows, self.base = rows, lo
+        self.lo, self._hi = lo, hi
+
+    def put(self, a: int, values: torch.Tensor) -> None:
+        """values [n, V] for ranks [a, a + n) inside the span."""
+        self.rows[a - self.base:a - self.base + values.shape[0]] = values

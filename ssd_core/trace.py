@@ -62,7 +62,8 @@ def progress(run, image: int = 0) -> Progress:
     state = run.tokens
     cells = run.layout.slot_of_cell.to(state.codes.device)
     tokens = torch.where(state.final[cells], state.codes[cells], -1).view(H, W).cpu()
-    return Progress(run.counts.steps, (H, W), tokens, state.status[cells].view(H, W).cpu(), run.final_cells, image)
+    status = state.status[cells].view(H, W).cpu()
+    return Progress(run.counts.steps, (H, W), tokens, status, run.window.final_cells, image)
 
 
 def from_run(run, decoder: str, params: dict, timings: dict, finalize_forwards: int, peak_memory_mb: float) -> "Trace":

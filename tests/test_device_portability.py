@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ssd_core
-from ssd_core import run as run_module
+from ssd_core import run_state
 from ssd_core.opcount import count_ops
 from ssd_core.sampling import _mix, _mix_int, _signed, gumbel, shr53
 
@@ -45,7 +45,7 @@ def test_todays_seeds_keep_their_images(bundled, monkeypatch):
     model, heads = bundled
     kw = dict(prompt=5, decode_pixels=False, score=False)
     now = [ssd_core.generate(model, None, decoder="ar", seed=s, **kw).tokens for s in range(4)]
-    monkeypatch.setattr(run_module, "gumbel", float64_gumbel)
+    monkeypatch.setattr(run_state, "gumbel", float64_gumbel)
     before = [ssd_core.generate(model, None, decoder="ar", seed=s, **kw).tokens for s in range(4)]
     exact = ssd_core.generate(model, heads, decoder="ssd-exact", seed=0, **kw).tokens
     for a, b in zip(now, before):

@@ -46,7 +46,7 @@ def _run_after_two_rows(model, heads, seed):
     session = model.start(model.build_prompt(1, "", True, layout.grid))
     run = Run(model, heads, layout, SamplerSettings(seed=seed, cfg=2.0, top_k=6), session.last_features)
     run.session = session
-    draft(run, rows_end(run, 0, 2), run.gumbel_sample)  # the first two rows
+    draft(run, rows_end(run, 0, 2), run.draws.gumbel_sample)  # the first two rows
     return run
 
 
@@ -74,9 +74,9 @@ def _compare_certified(model, heads, lo, hi, sweeps, seed):
     assert certified.counts.syncs == syncs + 1
     assert torch.equal(got, codes)
     # q and features: the chain's up to float rounding (a product over the whole row rounds as one over a cell may not)
-    assert (certified.q_at(a, b) - chain.q_at(a, b)).abs().max() < 1e-6
+    assert (certified.draws.q_at(a, b) - chain.draws.q_at(a, b)).abs().max() < 1e-6
     assert torch.allclose(certified.features[:, lo:hi], chain.features[:, lo:hi], atol=1e-5)
-    assert torch.equal(certified.rng.get_state(), chain.rng.get_state())
+    assert torch.equal(certified.draws.rng.get_state(), chain.draws.rng.get_state())
 
 
 def test_ssd_drafts_a_row_by_certified_sweeps_once_a_step(tiny_left, monkeypatch):

@@ -32,7 +32,7 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
         for t in range(slot + 1, last):  # each: the Gumbel pick of q from the chain through the corrected token
             q = run.logp(model.image_logits(f[:, None]), run.index.slots(t, t + 1), "heads")
             r = run.index.images_before[t]
-            assert int(run.tokens.codes[t]) == int(run.gumbel_sample(q, r, r + 1)[0])
+            assert int(run.tokens.codes[t]) == int(run.draws.gumbel_sample(q, r, r + 1)[0])
             f = heads.horizontal(f, _embed(run, run.tokens.ids[t:t + 1])[0])
             if t < last - 1:  # the last re-drafted cell's feature is not needed (nothing drafts from it)
                 assert torch.allclose(run.features[:, t], f)

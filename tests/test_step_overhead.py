@@ -54,7 +54,7 @@ def _drafting_run(model, heads):
     session = model.start(model.build_prompt(1, "", True, layout.grid))
     run = Run(model, heads, layout, SamplerSettings(seed=3, cfg=2.0), session.last_features)
     run.session = session
-    draft(run, rows_end(run, 0, 2), run.gumbel_sample)  # the first two rows, cell by cell
+    draft(run, rows_end(run, 0, 2), run.draws.gumbel_sample)  # the first two rows, cell by cell
     return run
 
 
@@ -67,13 +67,13 @@ def test_enough_jacobi_sweeps_give_the_left_to_right_chains_drafts(tmp_path, row
     stride, W = model.layout(None).row_stride, model.layout(None).grid[1]
     lo, hi = 2 * stride, 2 * stride + W  # the third row
     chain = _drafting_run(model, heads)
-    draft(chain, hi, chain.gumbel_sample)  # cell by cell
+    draft(chain, hi, chain.draws.gumbel_sample)  # cell by cell
     sweeps = {}
     for n in (0, 1, W):
         run = _drafting_run(model, heads)
         _forced_features(run, lo)  # a row end before the row: its feature, as draft() makes it first
         calls = run.counts.head_calls
-        codes = _jacobi_row(run, lo, hi, run.gumbel_sample, n)
+        codes = _jacobi_row(run, lo, hi, run.draws.gumbel_sample, n)
         sweeps[n] = codes
         if n == W:  # the fixed point: the chain's drafts and features
             assert torch.equal(codes, chain.tokens.codes[lo:hi])

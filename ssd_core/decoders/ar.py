@@ -6,13 +6,13 @@ class ARPolicy(Policy):
     name = "ar"
 
     def update(self, run: Run, logits, features) -> None:
-        slot = run.final_end
+        slot = run.window.final_end
         if slot >= run.index.L:
             return
         one = run.index.slots(slot, slot + 1)
-        i = slot - run.cached  # the logits predicting `slot` (its context is all final)
+        i = slot - run.window.cached  # the logits predicting `slot` (its context is all final)
         r = run.index.images_before[slot]
-        run.tokens.write(one, run.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
+        run.tokens.write(one, run.draws.gumbel_sample(run.logp(logits[:, i:i + 1], one), r, r + 1), draft=False)
         run.tokens.finalize(one)
-        run.advance(slot + 1)
-        run.set_end(slot + 1)
+        run.window.advance(slot + 1)
+        run.window.set_end(slot + 1)

@@ -21,14 +21,14 @@ def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
 
 class Drafter:
     """What a policy drafts with, apart from how it verifies (as transformers keeps its CandidateGenerator apart
-    from the verify loop): `draft` proposes tokens for the window's new slots [run.end, target) (get candidates),
+    from the verify loop): `draft` proposes tokens for the window's new slots [run.window.end, target) (get candidates),
     `corrected` hears that the verifier corrected a slot under the exact rule (update), so that the drafter may
     re-draft the window's cells after it. A policy holds its drafters (made in its `begin`, one per run)."""
 
     uses_heads = False  # it drafts with the run's heads (bench and stats say so)
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
-        """Fill the slots [run.end, target) with drafts and move the window's end there; latest [V]: the
+        """Fill the slots [run.window.end, target) with drafts and move the window's end there; latest [V]: the
         verifier's latest log p (the exact rule's outputs), for drafters that start from it. can_sync: nothing
         was copied to the host in this step yet, so the drafter may make the step's one copy (Run.sync)."""
         raise NotImplementedError
@@ -49,15 +49,15 @@ class RowCopyDrafter(Drafter):
 def coupled(run: Run, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
     """The exact rule's pick: the Gumbel-max draw of log p [n, V] with each slot's own noise (image ranks [a, b)),
     the draw the verifier makes for the same slot and distribution."""
-    return run.gumbel_sample(logp, a, b)
+    return run.draws.gumbel_sample(logp, a, b)
 
 
 def sampled(run: Run, logp: torch.Tensor, a: int, b: int) -> torch.Tensor:
     """The lossy rule's pick (ssd): an independent draw from each q = exp(log p) [n, V] by the run's generator,
     q recorded for the acceptance test (put_q)."""
     p = logp.exp()
-    run.put_q(a, p)
-    return run.sample_probs(p)
+    run.draws.put_q(a, p)
+    return run.draws.sample_probs(p)
 
 
 class HeadsDrafter(Drafter):
@@ -96,7 +96,7 @@ CERTIFY_SWEEPS = 6  # ssd's rows below: Jacobi sweeps before the one host copy (
 
 
 def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> None:
-    """Fill slots [run.end, target) with drafts; pick(logp [n, V], a, b) -> codes [n] for the image slots
+    """Fill slots [run.window.end, target) with drafts; pick(logp [n, V], a, b) -> codes [n] for the image slots
     of ranks [a, b).
 
     Each image slot's draft distribution q comes from the feature of the slot before it. Features of new
@@ -110,7 +110,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
     """
     heads, stride = run.heads, run.layout.row_stride
     W = run.layout.grid[1]
-    s = run.end
+    s = run.window.end
     target = min(target, run.index.L)
     while s < target:
         _forced_features(run, s)
@@ -136,8 +136,8 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
         run.tokens.write(slots, codes)
-        run.set_end(stop)
-        s = run.end
+        run.window.set_end(stop)
+        s = run.window.end
 
 
 def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last_feature: bool = True,
@@ -202,7 +202,7 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     a row, this ~400). The q of every drafted cell is recorded, the features written, as the chain does."""
     stride, a, n = run.layout.row_stride, run.index.images_before[lo], hi - lo
     slots = run.index.slots(lo, hi)
-    u = run.draws_ahead(n)  # [n, 1] the chain's draws, one a cell in slot order
+    u = run.draws.uniforms_ahead(n)  # [n, 1] the chain's draws, one a cell in slot order
     parts = _row_above(run, lo, hi)
     above, before_lo = parts
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
@@ -213,11 +213,11 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
         feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
         p = run.logp(run.model.image_logits(prev), slots, "heads").exp()  # [n, V] each cell's q
-        guess, codes = codes, run.sample_probs(p, u)
+        guess, codes = codes, run.draws.sample_probs(p, u)
     run.check_heads(prev, slots)
     m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
     if m >= n:  # a fixed point: every code, q and feature is the chain's
-        run.put_q(a, p)
+        run.draws.put_q(a, p)
         run.set_features(slice(lo, hi), feats)
         return codes
     run.set_features(slice(lo, lo + m), feats[:, :m])  # features of cells whose two codes were final
@@ -230,10 +230,10 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
         def pick(logp, i, j):  # the chain's draw with the cell's own uniform
             q = logp.exp()
             qs.append(q)
-            return run.sample_probs(q, u[i - a:j - a])
+            return run.draws.sample_probs(q, u[i - a:j - a])
 
         codes = torch.cat([codes[:m + 1], _chain(run, f, lo + m + 1, hi, pick, step, before=e[-1])])
-    run.put_q(a, torch.cat(qs))
+    run.draws.put_q(a, torch.cat(qs))
     return codes
 
 
@@ -284,13 +284,13 @@ def reanchor_row(run: Run, k: int, cells: int) -> None:
     its row by an Hh chain from the exact feature before k and k's token, Gumbel-coupled as every exact draft
     is (the verifier's outputs there saw the rejected token)."""
     stride, W = run.layout.row_stride, run.layout.grid[1]
-    stop = min((k // stride) * stride + W, run.end, k + 1 + cells)  # cells of this row inside the window
+    stop = min((k // stride) * stride + W, run.window.end, k + 1 + cells)  # cells of this row inside the window
     if k + 1 >= stop:
         return
     before, token = feature(run, k - 1), _embed(run, run.tokens.ids[k:k + 1])[0]
     at_k = run.call_heads(run.heads.horizontal, before, token)  # [B, d] the feature at k
     # the last re-drafted slot's feature is not written (one Hh call fewer): no draft of this window reads it
-    codes = _chain(run, at_k, k + 1, stop, run.gumbel_sample, last_feature=False)
+    codes = _chain(run, at_k, k + 1, stop, run.draws.gumbel_sample, last_feature=False)
     run.tokens.write(run.index.slots(k + 1, stop), codes)
 
 
@@ -298,7 +298,7 @@ def _forced_features(run: Run, s: int) -> None:
     """Forced slots just before slot s that no forward has fed yet (a row end in a drafted block): their
     features continue the horizontal chain, so that slot s is not drafted from an empty feature."""
     f = s
-    while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.fed_end:
+    while f > 0 and not run.index.is_image(f - 1) and f - 1 >= run.window.fed_end:
         f -= 1
     for t in range(f, s):
         token = _embed(run, run.tokens.ids[t:t + 1])[0]
@@ -314,13 +314,13 @@ def rows_end(run: Run, first_slot: int, rows: int) -> int:
 
 
 def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | None = None) -> None:
-    """Fill slots [run.end, target) without heads: a cell below the first row starts as a copy of the cell
+    """Fill slots [run.window.end, target) without heads: a cell below the first row starts as a copy of the cell
     above; a first-row cell as the Gumbel pick of `first_row_logp` [V] (the verifier's latest log p) with
     its own slot's noise (nothing is drafted in the first row without it). Forced slots keep their ids."""
     stride = run.layout.row_stride
     target = min(target, run.index.L)
-    while run.end < target:
-        s = run.end
+    while run.window.end < target:
+        s = run.window.end
         stop = min(target, (s // stride + 1) * stride)  # this row (its forced slots are skipped)
         a, b = run.index.images_before[s], run.index.images_before[stop]
         if b > a:
@@ -328,11 +328,11 @@ def draft_without_heads(run: Run, target: int, first_row_logp: torch.Tensor | No
             if s >= stride:  # copies of the row above (drafted before this row)
                 codes = run.tokens.codes[slots - stride]
             elif first_row_logp is not None:
-                codes = run.gumbel_sample(first_row_logp[None].expand(b - a, -1), a, b)
+                codes = run.draws.gumbel_sample(first_row_logp[None].expand(b - a, -1), a, b)
             else:
                 return
             run.tokens.write(slots, codes)
-        run.set_end(stop)
+        run.window.set_end(stop)
 
 
 class WindowDrafter(Drafter):
@@ -349,13 +349,13 @@ class WindowDrafter(Drafter):
         self.window, self.above, self.onehot = window, above, random_q == "onehot"
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
-        stride, V = run.layout.row_stride, run.index.V
-        while run.end < min(target, run.index.L):
-            a, b = run.open_span(run.cached, run.end)
+        stride, V, win = run.layout.row_stride, run.index.V, run.window
+        while win.end < min(target, run.index.L):
+            a, b = win.open_span(win.cached, win.end)
             need = self.window - max(0, b - a)
             if need <= 0:
                 return
-            s = run.end
+            s = win.end
             lo = run.index.images_before[s]
             hi = min(lo + need, run.index.images_before[min(run.index.L, s + stride)])  # slots above: drafted already
             if hi <= lo:
@@ -363,9 +363,9 @@ class WindowDrafter(Drafter):
             slots = run.index.image_ids[lo:hi]
             above = run.tokens.codes[(slots - stride).clamp(min=0)]
             first_row = (slots < stride) | (above < 0) | (not self.above)  # nothing above: uniform random
-            codes = torch.where(first_row, run.random_codes(hi - lo), above)
+            codes = torch.where(first_row, run.draws.random_codes(hi - lo), above)
             onehot = torch.nn.functional.one_hot(codes, V).float()
             q = torch.where(first_row[:, None] & (not self.onehot), 1.0 / V, onehot)
             run.tokens.write(slots, codes)
-            run.put_q(lo, q)
-            run.set_end(run.index.image_slots[hi - 1] + 1)
+            run.draws.put_q(lo, q)
+            win.set_end(run.index.image_slots[hi - 1] + 1)

@@ -48,14 +48,14 @@ class ExactPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         latest = verify(run, logits, self.drafter)
-        if run.done:
+        if run.window.done:
             return
-        cells, steps = run.final_cells - self.stretch[0], run.counts.steps - self.stretch[1]
+        cells, steps = run.window.final_cells - self.stretch[0], run.counts.steps - self.stretch[1]
         if self.tuner is not None and cells >= run.layout.grid[1]:  # a row's worth made: its acceptance counts
             self.rows = self.tuner.rows_after(self.rows, cells, steps)
-            self.stretch = (run.final_cells, run.counts.steps)
+            self.stretch = (run.window.final_cells, run.counts.steps)
             self.params["draft_rows_picked"] = self.rows  # the trace says the rows it ended with
-        self.drafter.draft(run, rows_end(run, run.final_end, self.rows), latest)
+        self.drafter.draft(run, rows_end(run, run.window.final_end, self.rows), latest)
 
 
 def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
@@ -63,15 +63,16 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     of the slots not yet final); returns the verifier's log p [V] at the window's last open slot (or None).
     After a correction the drafter may re-draft the window's cells after it (`Drafter.corrected`).
     stop: no slot from `stop` on is decided (the window does not grow past it)."""
-    C, end = run.cached, run.end
-    a, b = run.open_span(C, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
+    win = run.window
+    C, end = win.cached, win.end
+    a, b = win.open_span(C, end + 1 if stop is None else min(end + 1, stop))  # the window and the slot past it
     if b == a:
         return None
     slots = run.index.image_ids[a:b]
     last = run.index.image_slots[b - 1]
     logp = run.logp(logits[:, slots - C], slots)
     latest = logp[-1]
-    verdict = run.gumbel_sample(logp, a, b)  # verifier outputs
+    verdict = run.draws.gumbel_sample(logp, a, b)  # verifier outputs
     match = run.tokens.codes[slots] == verdict
     if last >= end:  # the slot past the window was not fed: nothing to match
         match[-1] = False
@@ -84,7 +85,7 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     last_final = run.index.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)
-    run.advance(last_final + 1)
+    win.advance(last_final + 1)
     if last >= end and end < run.index.L:
-        run.set_end(end + 1)
+        win.set_end(end + 1)
     return latest

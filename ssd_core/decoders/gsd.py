@@ -64,6 +64,6 @@ class GSDPolicy(Policy):
     def update(self, run: Run, logits, features) -> None:
         jacobi_verify(run, logits,
                       lambda logp, p, q, tok: group_acceptance(logp, q, tok, lambda codes: self.embed(run, codes)),
-                      lambda logp, p, a, b: run.sample_probs(p),  # Jacobi: the rest from their new p
-                      lambda logp, s: run.sample(logp))  # an exact sample
+                      lambda logp, p, a, b: run.draws.sample_probs(p),  # Jacobi: the rest from their new p
+                      lambda logp, s: run.draws.sample(logp))  # an exact sample
         self.drafter.draft(run, run.index.L)

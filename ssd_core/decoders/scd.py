@@ -56,13 +56,13 @@ class SCDPolicy(Policy):
             verify(run, logits, self.drafter)  # the verifier's picks become the drafts (Jacobi)
         else:
             self._ratio(run, logits)
-        if not run.done:
+        if not run.window.done:
             self.drafter.draft(run, run.index.L)
 
     def _ratio(self, run: Run, logits) -> None:
         jacobi_verify(run, logits, lambda logp, p, q, tok: acceptance(p, q, tok),
                       # the rest: the verifier's picks with each slot's own noise (draws of p)
-                      lambda logp, p, a, b: run.gumbel_sample(logp, a, b),
+                      lambda logp, p, a, b: run.draws.gumbel_sample(logp, a, b),
                       # the token after a window kept whole: the verifier's pick
-                      lambda logp, s: run.gumbel_sample(logp, run.index.images_before[s],
+                      lambda logp, s: run.draws.gumbel_sample(logp, run.index.images_before[s],
                                                         run.index.images_before[s] + 1))

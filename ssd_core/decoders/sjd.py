@@ -22,8 +22,8 @@ class SJDPolicy(Policy):
 
     def update(self, run: Run, logits, features) -> None:
         jacobi_verify(run, logits, lambda logp, p, q, tok: acceptance(p, q, tok),
-                      lambda logp, p, a, b: run.sample_probs(p),  # Jacobi: the rest from their new p
-                      lambda logp, s: run.sample(logp))  # an exact sample (a fixed last token: next step)
+                      lambda logp, p, a, b: run.draws.sample_probs(p),  # Jacobi: the rest from their new p
+                      lambda logp, s: run.draws.sample(logp))  # an exact sample (a fixed last token: next step)
         self.drafter.draft(run, run.index.L)
 
 
@@ -32,31 +32,32 @@ def jacobi_verify(run: Run, logits, accept, redraw, pick_next) -> None:
     falls below accept(logp, p, q, tokens) [n]; the first one rejected is drawn from norm(max(0, p - q)) and is final;
     the rest become the next drafts, redraw(logp, p, a, b) [n]; after a window kept whole, the token after it is
     pick_next(logp [1, V], slot) (from a window with a rejected draft it waits for the next forward)."""
-    C, end = run.cached, run.end
-    a, b = run.open_span(C, end)
+    win = run.window
+    C, end = win.cached, win.end
+    a, b = win.open_span(C, end)
     whole = b == a  # every open slot kept as fed: the window's last output is then the next token's p
     if b > a:
         slots = run.index.image_ids[a:b]
         logp = run.logp(logits[:, slots - C], slots)
         p = logp.exp()  # [n, V] on the model's device
-        q = run.q_at(a, b)
+        q = run.draws.q_at(a, b)
         tok = run.tokens.codes[slots]
-        ok = run.uniform(b - a) < accept(logp, p, q, tok)
+        ok = run.draws.uniform(b - a) < accept(logp, p, q, tok)
         lead = ok.long().cumprod(0).sum()  # accepted in prefix order
         order = run.index.slot_ids[:b - a]
-        fix = run.sample_probs(residual(p, q))  # the first rejected one: from the residual
+        fix = run.draws.sample_probs(residual(p, q))  # the first rejected one: from the residual
         rest = redraw(logp, p, a, b)
         codes = torch.where(order < lead, tok, torch.where(order == lead, fix, rest))
         run.tokens.write(slots, codes, draft=order > lead)
         run.tokens.finalize(slots, order <= lead)
-        run.put_q(a, p)  # the redrawn ones are draws of p (the final ones are not read again)
+        run.draws.put_q(a, p)  # the redrawn ones are draws of p (the final ones are not read again)
         kept = run.sync(lead)[0]
         whole = kept == b - a
-        run.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
-    if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-        s = run.end  # the token after a window kept whole
+        win.advance(run.index.image_slots[a + min(kept + 1, b - a) - 1] + 1)
+    if whole and win.final_end >= win.end and win.end < run.index.L and win.end - C < logits.shape[1]:
+        s = win.end  # the token after a window kept whole
         one = run.index.slots(s, s + 1)
         run.tokens.write(one, pick_next(run.logp(logits[:, s - C:s - C + 1], one), s), draft=False)
         run.tokens.finalize(one)
-        run.advance(s + 1)
-        run.set_end(s + 1)
+        win.advance(s + 1)
+        win.set_end(s + 1)

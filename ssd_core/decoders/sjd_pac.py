@@ -94,7 +94,7 @@ class SJDPACPolicy(Policy):
     def branches(self, run: Run) -> Branches | None:
         """The tree over the first open slots (image slots in a row, no forced one between), fed after the window."""
         self.tree = None
-        a, b = run.open_span(run.cached, run.end)
+        a, b = run.window.open_span(run.window.cached, run.window.end)
         slots = run.index.image_slots
         s0 = slots[a] if a < b else None
         T = 0
@@ -103,7 +103,7 @@ class SJDPACPolicy(Policy):
         if T == 0:
             return None
         first = run.tokens.codes[run.index.image_ids[a:a + T]]
-        cand, valid = candidates(run.q_at(a, a + T), first, self.width, run.rng)
+        cand, valid = candidates(run.draws.q_at(a, a + T), first, self.width, run.draws.rng)
         paths = [path for level in range(1, T + 1) for path in product(range(self.width), repeat=level) if any(path)]
         self.tree = (a, T, cand, valid, {path: i for i, path in enumerate(paths)})
         if not paths:
@@ -116,26 +116,27 @@ class SJDPACPolicy(Policy):
                         parent=tuple(index.get(p[:-1], -1) for p in paths))
 
     def update(self, run: Run, logits, features) -> None:
-        C = run.cached
-        a, b = run.open_span(C, run.end)
+        win = run.window
+        C = win.cached
+        a, b = win.open_span(C, win.end)
         tree, self.tree = self.tree, None
         whole = b == a or self._check(run, logits, a, b, tree if tree is not None and tree[0] == a else None)
-        if whole and run.final_end >= run.end and run.end < run.index.L and run.end - C < logits.shape[1]:
-            s = run.end  # the token after a window kept whole (every token as fed): an exact draw
+        if whole and win.final_end >= win.end and win.end < run.index.L and win.end - C < logits.shape[1]:
+            s = win.end  # the token after a window kept whole (every token as fed): an exact draw
             one = run.index.slots(s, s + 1)
-            run.tokens.write(one, run.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
+            run.tokens.write(one, run.draws.sample(run.logp(logits[:, s - C:s - C + 1], one)), draft=False)
             run.tokens.finalize(one)
-            run.advance(s + 1)
-            run.set_end(s + 1)
+            win.advance(s + 1)
+            win.set_end(s + 1)
         self.drafter.draft(run, run.index.L)
 
     def _check(self, run: Run, logits, a: int, b: int, tree) -> bool:
         """Check the open slots of ranks [a, b) (tree: this step's, or None) -> whether every one was kept as fed
         (then the window's last output is the next token's exact p)."""
-        C, n, K = run.cached, b - a, self.width
+        C, n, K = run.window.cached, b - a, self.width
         slots = run.index.image_ids[a:b]
         p = run.logp(logits[:, slots - C], slots).exp()  # [n, V] each open slot's p along the window (main path)
-        q = run.q_at(a, b)
+        q = run.draws.q_at(a, b)
         tok = run.tokens.codes[slots]
         order = run.index.slot_ids[:n]
         T = 0 if tree is None else tree[1]
@@ -150,9 +151,9 @@ class SJDPACPolicy(Policy):
                 parents = outs[level - 1]
                 P = parents.shape[0]
                 kept, rest = recursive_accept(parents, q[level - 1].expand(P, -1), cand[level - 1].expand(P, -1),
-                                              valid[level - 1].expand(P, -1), run.uniform(P * K).view(P, K))
+                                              valid[level - 1].expand(P, -1), run.draws.uniform(P * K).view(P, K))
                 k = kept[node]
-                drawn = run.sample_probs(rest[node][None])[0]  # the residual's draw, used where none passed
+                drawn = run.draws.sample_probs(rest[node][None])[0]  # the residual's draw, used where none passed
                 took = alive & (k < K)
                 codes_tree.append(torch.where(took, cand[level - 1][k.clamp(max=K - 1)], drawn))
                 depth = depth + took.long()
@@ -161,16 +162,16 @@ class SJDPACPolicy(Policy):
             main = node == 0
             # past an accepted side leaf: the next slot (if it is the next image slot) from the leaf's own output
             bonus_ok = T < n and run.index.image_slots[a + T] == s0 + T
-            bonus = run.sample_probs(outs[T][node][None])[0] if bonus_ok else None
+            bonus = run.draws.sample_probs(outs[T][node][None])[0] if bonus_ok else None
         else:
             main = torch.ones((), dtype=torch.bool, device=p.device)
             bonus_ok, bonus = False, None
         # along the window past the tree (the main path): SJD's prefix test, the first rejected one from the residual
-        ok = run.uniform(n) < acceptance(p, q, tok)
+        ok = run.draws.uniform(n) < acceptance(p, q, tok)
         chain = (ok | (order < T)).long().cumprod(0).sum() - T  # accepted past the tree
-        fix = run.sample_probs(residual(p, q))
+        fix = run.draws.sample_probs(residual(p, q))
         # adaptive continuation: every later draft checked against its stale p: kept, or redrawn from the residual
-        cont = torch.where(run.uniform(n) < acceptance(p, q, tok), tok, run.sample_probs(residual(p, q)))
+        cont = torch.where(run.draws.uniform(n) < acceptance(p, q, tok), tok, run.draws.sample_probs(residual(p, q)))
         on_main = alive & main
         n_final = torch.where(~alive, depth + 1, torch.where(
             main, T + chain + (chain < n - T).long(), T + int(bonus_ok)))
@@ -182,15 +183,15 @@ class SJDPACPolicy(Policy):
                 codes[T] = torch.where(alive & ~main, bonus, codes[T])
         run.tokens.write(slots, codes, draft=~final)
         run.tokens.finalize(slots, final)
-        run.put_q(a, p)  # the continued drafts are draws of their stale p (the final ones are not read again)
+        run.draws.put_q(a, p)  # the continued drafts are draws of their stale p (the final ones are not read again)
         n_host, whole = run.sync(n_final, on_main & (chain == n - T))
-        run.advance(run.index.image_slots[a + min(n_host, n) - 1] + 1)
+        run.window.advance(run.index.image_slots[a + min(n_host, n) - 1] + 1)
         return bool(whole)
 
     def _node_logp(self, run: Run, logits, s0: int, T: int, index: dict) -> list[torch.Tensor]:
         """log p after every tree node, by layer 0..T: [K^l, V], nodes in path order (base-K digits); a main-path
         node's from the window's logits, a side node's from its branch's."""
-        C, K = run.cached, self.width
+        C, K = run.window.cached, self.width
         raw, where = [], []
         for level in range(T + 1):
             for path in product(range(K), repeat=level):

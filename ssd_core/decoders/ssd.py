@@ -65,27 +65,27 @@ class SSDPolicy(Policy):
         self.blocks = HeadsDrafter(sampled)  # the lossy blocks: independent draws, q recorded
 
     def update(self, run: Run, logits, features) -> None:
-        stride, syncs = run.layout.row_stride, run.counts.syncs
-        if self.repair == Repair.REDRAW and run.cached < run.final_end:
+        stride, syncs, win = run.layout.row_stride, run.counts.syncs, run.window
+        if self.repair == Repair.REDRAW and win.cached < win.final_end:
             self.repair_committed(run, logits)
-        if self.stable_first_row == FirstRow.EXACT and run.final_end < stride:  # the first row as ar draws it
+        if self.stable_first_row == FirstRow.EXACT and win.final_end < stride:  # the first row as ar draws it
             verify_exactly(run, logits, self.first_row, stop=stride)
-            if run.final_end < stride:
+            if win.final_end < stride:
                 self.first_row.draft(run, stride)
                 return  # else the first row is final: the first lossy block is drafted below
-        a, b = run.open_span(run.cached, run.end)
+        a, b = win.open_span(win.cached, win.end)
         if b > a:
             self.rounds += 1
             slots = run.index.image_ids[a:b]
             p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] verifier, on the model's device
-            q = run.q_at(a, b)  # [n, V] what each token was drawn from
+            q = run.draws.q_at(a, b)  # [n, V] what each token was drawn from
             tok = run.tokens.codes[slots]
-            bad = rejected(run.uniform(b - a), p, q, tok)
+            bad = rejected(run.draws.uniform(b - a), p, q, tok)
             fix, mass = residual_and_mass(p, q)
             record_checks(run, self.rounds - 1, a, b, bad, mass)
-            fixes = run.sample_probs(fix)  # a residual draw for every slot
+            fixes = run.draws.sample_probs(fix)  # a residual draw for every slot
             run.tokens.write(slots, torch.where(bad, fixes, tok), draft=False)
-            run.put_q(a, p)  # each token is now a sample of this round's p
+            run.draws.put_q(a, p)  # each token is now a sample of this round's p
             done = self.block_done(run, run.index.image_slots[a], b - a, bad)
             if isinstance(done, torch.Tensor):
                 run.tokens.finalize(slots, done)
@@ -93,11 +93,11 @@ class SSDPolicy(Policy):
             elif done:
                 run.tokens.finalize(slots)
             if done:
-                run.advance(run.end)
-        if run.final_end >= run.end and run.end < run.index.L:
+                win.advance(win.end)
+        if win.final_end >= win.end and win.end < run.index.L:
             self.rounds = 0
             # no host copy made yet in this step: the drafter may make it (its rows' drafts found by sweeps)
-            self.blocks.draft(run, rows_end(run, run.end, self.draft_rows), can_sync=run.counts.syncs == syncs)
+            self.blocks.draft(run, rows_end(run, win.end, self.draft_rows), can_sync=run.counts.syncs == syncs)
 
     @staticmethod
     def repair_committed(run: Run, logits) -> None:
@@ -107,20 +107,21 @@ class SSDPolicy(Policy):
         then ends at it, so the next forward feeds it again and checks the tokens after it in their new
         context; the first token repaired is exact for its context and stays, so this ends. No extra steps:
         these slots ride in the forward that verifies the next block (the last block is not re-fed)."""
-        a, b = run.index.images_before[run.cached], run.index.images_before[min(run.final_end, run.end)]
+        win, before = run.window, run.index.images_before
+        a, b = before[win.cached], before[min(win.final_end, win.end)]
         if b <= a:
             return
         slots = run.index.image_ids[a:b]
         p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] each token's final-context p
         tok = run.tokens.codes[slots]
         outside = p.gather(1, tok[:, None]).squeeze(1) <= 0
-        run.tokens.write(slots, torch.where(outside, run.sample_probs(p), tok), draft=False)
+        run.tokens.write(slots, torch.where(outside, run.draws.sample_probs(p), tok), draft=False)
 
 
 def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     """[B, n, V] the logits of the image slots of ranks [a, b) out of the step's logits: a view when the slots are
     consecutive (a row: no gather op), else gathered."""
-    lo = run.index.image_slots[a] - run.cached
+    lo = run.index.image_slots[a] - run.window.cached
     if run.index.image_slots[b - 1] - run.index.image_slots[a] == b - a - 1:
         return logits[:, lo:lo + b - a]
-    return logits[:, run.index.image_ids[a:b] - run.cached]
+    return logits[:, run.index.image_ids[a:b] - run.window.cached]

@@ -23,26 +23,27 @@ class ZipARPolicy(Policy):
         self.rows = (0, 1)  # the rows writing now: [first unfinished, last started + 1)
 
     def visible(self, run: Run):
-        return run.tokens.final[run.cached:run.end].clone()
+        return run.tokens.final[run.window.cached:run.window.end].clone()
 
     def update(self, run: Run, logits, features) -> None:
         H, W = run.layout.grid
+        win = run.window
         lo, hi = self.rows
         if lo < hi:  # every active row writes its next cell (its context is the rows above as far as written)
             new = [self.cells[y][self.done[y]] for y in range(lo, hi)]
-            assert max(new) <= run.end and max(new) - run.cached < logits.shape[1], "zipar: a row ran past its window"
+            assert max(new) <= win.end and max(new) - win.cached < logits.shape[1], "zipar: a row ran past its window"
             slots = self.cells_dev[lo:hi].gather(1, self.done_dev[lo:hi]).squeeze(1)
-            run.tokens.write(slots, run.sample(run.logp(logits[:, slots - run.cached], slots)), draft=False)
+            run.tokens.write(slots, run.draws.sample(run.logp(logits[:, slots - win.cached], slots)), draft=False)
             run.tokens.finalize(slots)
             self.done_dev[lo:hi] += 1
             for y in range(lo, hi):
                 self.done[y] += 1
-            run.set_end(max(run.end, max(new) + 1))
+            win.set_end(max(win.end, max(new) + 1))
         while lo < H and self.done[lo] >= W:
             lo += 1
         if hi < H and self.done[hi - 1] >= min(self.w, W):  # start a row once the row above has `window` tokens
-            run.set_end(max(run.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
+            win.set_end(max(win.end, self.cells[hi][0]))  # the rest of row hi-1 joins the window as holes
             hi += 1
         self.rows = (lo, hi)
-        run.advance(self.cells[lo][self.done[lo]] if lo < H else run.index.L, sum(self.done))
-        run.tokens.fill_holes(run.cached, run.end)  # holes: open cells are fed a placeholder
+        win.advance(self.cells[lo][self.done[lo]] if lo < H else run.index.L, sum(self.done))
+        run.tokens.fill_holes(win.cached, win.end)  # holes: open cells are fed a placeholder
