@@ -138,7 +138,7 @@ def test_hover_shows_step_and_round(browser_run):
 def test_the_widget_adds_no_widget_value_and_survives_a_reload(browser_run):
     after = browser_run["after"]["4"]
     assert after["saved"], "the final trace is kept in node.properties"
-    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 14  # 13 inputs with a widget + control_after_generate
+    assert "ssd_grid" not in after["serialized"] and len(json.loads(after["serialized"])) == 15  # 14 inputs with a widget + control_after_generate
     again = browser_run["reloaded"]["4"]
     assert again["widget"] and again["done"] and again["grid"] == after["grid"]
     assert again["pixels"]["accepted"] > 50
@@ -153,7 +153,10 @@ CORE_NOISE = (re.compile(r"^http://127\.0\.0\.1:\d+/(api/userdata\b|user\.css$|a
               re.compile(r"^https://(api\.comfy\.org|huggingface\.co)/"),
               # the node help: the frontend asks for docs/<node>/<locale>.md first, then falls back to docs/<node>.md
               re.compile(rf"/extensions/{re.escape(harness.PACK_NAME)}/docs/SSD\w+/en\.md$"))
-CORE_NOISE_TEXT = re.compile(r"^(\[Jobs API\] Error fetching jobs: JobsApiError|Failed to fetch queue: JobsApiError)")
+# Frontend 1.47 (ComfyUI 0.30.0's pin) logs "graph accessed before initialization" once per page load from its own
+# code (the pack's files are not on its stack: test_no_console_warning_from_the_pack checks that).
+CORE_NOISE_TEXT = re.compile(r"^(\[Jobs API\] Error fetching jobs: JobsApiError|Failed to fetch queue: JobsApiError"
+                             r"|ComfyApp graph accessed before initialization$)")
 
 
 def core_noise(err):

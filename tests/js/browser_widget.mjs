@@ -361,37 +361,44 @@ try {
   for (const [locale, want] of [["en", "Which decoder?"], ["zh", "选哪个解码器"]]) {
     await page.evaluate((locale) => window.app.extensionManager.setting.set("Comfy.Locale", locale), locale);
     await page.waitForTimeout(300);
-    const shown = await page.evaluate(async () => {
-      const { app } = window;
-      const pinia = document.querySelector("#vue-app")?.__vue_app__?.config?.globalProperties?.$pinia;
-      if (!pinia) return { error: "no pinia on #vue-app" };
-      const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-      const node = app.graph._nodes.find((n) => n.type === "SSDSampler");
-      const panel = pinia._s.get("rightSidePanel");
-      if (panel) { // closed and opened again: the help is fetched (in the new locale) when its node changes
-        panel.closePanel();
-        app.canvas.deselectAll?.();
-        await sleep(300);
-        app.canvas.selectItems([node]);
-        await sleep(100);
-        panel.openPanel("info");
-        return { via: "right side panel" };
-      }
-      const sb = pinia._s.get("sidebarTab");
-      const id = sb?.sidebarTabs?.map((t) => t.id).find((t) => /node-library/.test(t));
-      if (!id) return { error: "no node library tab" };
-      if (sb.activeSidebarTabId !== id) sb.toggleSidebarTab(id);
-      for (let i = 0; i < 50 && !pinia._s.get("nodeHelp"); i++) await sleep(100);
-      const help = pinia._s.get("nodeHelp");
-      if (!help) return { error: "no nodeHelp store" };
-      help.closeHelp();
-      await sleep(300);
-      help.openHelp(pinia._s.get("nodeDef").nodeDefsByName.SSDSampler);
-      return { via: "node library" };
-    });
+    // up to 3 tries: frontend 1.47 may drop the selection while it applies the new locale (the panel then shows
+    // the workflow overview), so the node is selected and the panel opened again
     const box = ".node-help-content, .comfy-markdown-content"; // the help page's markdown (1.27, 1.58)
-    shown.found = await page.waitForFunction(({ box, want }) => [...document.querySelectorAll(box)]
-      .some((e) => e.innerText.includes(want)), { box, want }, { timeout: 20000 }).then(() => true, () => false);
+    let shown;
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      shown = await page.evaluate(async () => {
+        const { app } = window;
+        const pinia = document.querySelector("#vue-app")?.__vue_app__?.config?.globalProperties?.$pinia;
+        if (!pinia) return { error: "no pinia on #vue-app" };
+        const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+        const node = app.graph._nodes.find((n) => n.type === "SSDSampler");
+        const panel = pinia._s.get("rightSidePanel");
+        if (panel) { // closed and opened again: the help is fetched (in the new locale) when its node changes
+          panel.closePanel();
+          app.canvas.deselectAll?.();
+          await sleep(300);
+          app.canvas.selectItems([node]);
+          await sleep(100);
+          panel.openPanel("info");
+          return { via: "right side panel" };
+        }
+        const sb = pinia._s.get("sidebarTab");
+        const id = sb?.sidebarTabs?.map((t) => t.id).find((t) => /node-library/.test(t));
+        if (!id) return { error: "no node library tab" };
+        if (sb.activeSidebarTabId !== id) sb.toggleSidebarTab(id);
+        for (let i = 0; i < 50 && !pinia._s.get("nodeHelp"); i++) await sleep(100);
+        const help = pinia._s.get("nodeHelp");
+        if (!help) return { error: "no nodeHelp store" };
+        help.closeHelp();
+        await sleep(300);
+        help.openHelp(pinia._s.get("nodeDef").nodeDefsByName.SSDSampler);
+        return { via: "node library" };
+      });
+      shown.attempts = attempt;
+      shown.found = await page.waitForFunction(({ box, want }) => [...document.querySelectorAll(box)]
+        .some((e) => e.innerText.includes(want)), { box, want }, { timeout: 10000 }).then(() => true, () => false);
+      if (shown.found || shown.error) break;
+    }
     shown.headings = await page.evaluate((box) => [...new Set([...document.querySelectorAll(box)]
       .flatMap((e) => [...e.querySelectorAll("h1")].map((h) => h.innerText)))], box);
     result.help[locale] = shown;
