@@ -200,9 +200,9 @@ def _decode(model, heads, prompts, layout, settings, policies, generation: Gener
     with watch.forward("prefill"):
         rows = _Rows(model.start(stack_prompts(prompts) if N > 1 else prompts[0], N), N)
     session = rows.session
-    runs = [Run(model, heads, layout, s, session.last_features[r]) for s, r in zip(settings, rows.dev)]
-    for run, policy, prompt in zip(runs, policies, prompts):
-        run.session, run.prompt, run.observer = session, prompt, watch
+    runs = [Run(model, heads, layout, s, session.last_features[r], session, prompt, watch)
+            for s, r, prompt in zip(settings, rows.dev, prompts)]
+    for run, policy in zip(runs, policies):
         policy.begin(run)
     pad_id = int(model.code_to_id(torch.zeros(1, dtype=torch.long, device=dev))[0])  # fed at padding slots
     active = list(range(N))
@@ -248,7 +248,7 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     for run, policy, f, visible, b, i in zip(runs, policies, fed, visibles, branches, images):
         r, k = rows.dev[i], f.numel()
         out = (feats[r, :k], all_logits[r, :k]) if k else (None, None)  # its window's features and logits
-        run.branch_logits = None if b is None else all_logits[r, k:k + len(b.slots)]  # [B, m, V] its branches'
+        run.outputs.branch_logits = None if b is None else all_logits[r, k:k + len(b.slots)]  # [B, m, V] branches'
         logits = run.begin_step(f, visible if k else None, *out)
         policy.update(run, logits, out[0])
         rows.hold(held, i, run.end_step(logits))  # its new cache length: the step's one host copy

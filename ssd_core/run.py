@@ -1,7 +1,8 @@
 """One generation's state (Run) and the decoder contract (Policy): what every decoder reads and writes.
 
 A policy decides, after each forward of the base model, which window tokens become final, which are
-corrected, and how far the window grows; it touches the state only through Run's helpers.
+corrected, and how far the window grows; it changes the state only through the methods of the run's parts
+(run_state.py: tokens, window, draws, outputs) and Run's own below.
 """
 from __future__ import annotations
 
@@ -14,57 +15,44 @@ import torch
 from .errors import SSDError
 from .exactness import near_ties
 from .observer import NONE
-from .run_state import Counts, Draws, Tokens, Window
+from .run_state import Counts, Draws, Outputs, Tokens, Window
 from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
 from .slots import SlotIndex
 
 
 class Run:
-    """Everything one generation knows; policies read and write it through the helpers below.
+    """Everything one generation knows: what it runs with (model, heads, layout, settings, session, prompt,
+    observer), the per-layout index and its parts (run_state.py): tokens, window, counts, draws, outputs.
 
     Per-slot state lives in tensors on the model's device; the host keeps only whole numbers (window bounds,
-    the first open slot, step counts). A step copies device values to the host once (`sync`): the policy's
-    decision, the next `cached` and the deferred finiteness checks together."""
+    step counts). A step copies device values to the host once (`sync`): the policy's decision, the next
+    `cached` and the deferred finiteness checks together. Run's own methods are what spans the parts: logp, the
+    host copy (expect, sync), the heads' calls, the exactness record, and the engine's step (begin_step,
+    end_step, finish: the only code that moves window.cached)."""
 
-    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor):
+    def __init__(self, model, heads, layout: Layout, settings: SamplerSettings, last_features: torch.Tensor,
+                 session: KVSession | None = None, prompt=None, observer=NONE):
         """last_features [B, d]: the prompt's last pre-norm features of this image's streams."""
         self.model, self.heads, self.layout, self.settings = model, heads, layout, settings
-        self.session: KVSession | None = None  # the (batch's) KV cache, set by the engine
-        self.observer = NONE  # what watches the generation (observer.Observers), set by the engine
-        dev = model.device
+        self.session = session  # the (batch's) KV cache
+        self.prompt = prompt  # this image's Prompt (the exactness probe feeds it)
+        self.observer = observer  # what watches the generation (observer.Observers)
         self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
         self.counts = Counts()  # steps, head calls, host copies, verification records
         self.tokens = Tokens(ix, self.counts)  # token state per slot: ids, codes, final, ...
         self.window = Window(ix)  # how far the run is fixed: cached <= final_end, end
-        self.draws = Draws(settings, ix, self.window, layout.grid[1], dev)  # generator, q and noise of open slots
+        self.draws = Draws(settings, ix, self.window, layout.grid[1], model.device)  # generator; q, noise
+        self.outputs = Outputs(model, ix, last_features)  # features per slot, logits for the next slot
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
-        B, d = last_features.shape
-        self.features = torch.zeros(B, ix.L, d, dtype=model.dtype, device=dev)  # latest feature per slot
-        self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot `cached`
-        self.prompt_features = last_features  # [B, d] features predicting slot 0
-        self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest `logp`
-        self.prompt = None  # this image's Prompt (set by the engine; the exactness probe feeds it)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
-        self.branch_logits: torch.Tensor | None = None  # [B, m, V] raw logits of the step's Branches (the engine's)
-
-    # ---- views ----------------------------------------------------------------------------------
-    @property
-    def L(self) -> int:
-        """Slots of the layout (index.L)."""
-        return self.index.L
-
-    @property
-    def image_slots(self) -> list[int]:
-        """Host: the image slots in order (self.index.image_slots; kept for tests/tiny.py)."""
-        return self.index.image_slots
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
         guided = guide(logits, self.settings.cfg, self.settings.min_p)
-        self.guided = guided  # [n, V] kept for note_near_ties (the window's latest)
+        self.outputs.guided = guided  # [n, V] kept for note_near_ties (the window's latest)
         if source != "heads":  # drafts: the heads' features are checked once a chain (check_heads)
             self.expect(all_rows_finite(guided),
                         lambda: check_finite(guided, self.settings, slots, logits, source))
@@ -95,11 +83,12 @@ class Run:
         self.tokens.verified[C:w.end] += 1
         w.fed, w.fed_visible, w.next_cached = fed, visible, None
         w.fed_end = max(w.fed_end, C + k)
+        out = self.outputs
         if not k:
-            return self.next_logits[:, None]
+            return out.next_logits[:, None]
         self.counts.steps += 1
-        self.features[:, C:C + k] = features
-        return torch.cat([self.next_logits[:, None], logits], dim=1)
+        out.features[:, C:C + k] = features
+        return torch.cat([out.next_logits[:, None], logits], dim=1)
 
     def end_step(self, logits: torch.Tensor) -> int:
         """After the policy's update: `cached` moves to cached_next() (the step's one host copy, unless the policy
@@ -107,7 +96,7 @@ class Run:
         w = self.window
         C = w.cached
         w.cached = self.cached_next()
-        self.next_logits = logits[:, w.cached - C]
+        self.outputs.next_logits = logits[:, w.cached - C]
         return w.cached
 
     def finish(self, cached: int) -> None:
@@ -157,11 +146,7 @@ class Run:
             ok[1:] &= w.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
         return ok.long().cumprod(0).sum()
 
-    # ---- the drafters: features and the heads ---------------------------------------------------------
-    def set_features(self, slots, features: torch.Tensor) -> None:
-        """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
-        self.features[:, slots] = features
-
+    # ---- the heads and the exactness record ----------------------------------------------------------
     def call_heads(self, network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
         """One call of a draft head's network (self.heads.horizontal or .vertical) on inputs, without autograd:
         the one place the drafters call the heads, seen by the observers (the heads' share of a step's time and
@@ -182,7 +167,7 @@ class Run:
         if self.exact_error is None:
             return
         noise = None if self.settings.temperature == 0 else self.draws.noise.get(a, a + n)
-        ties = near_ties(raw[:, :n], self.guided[:n], logp[:n], noise, self.settings, self.exact_error)
+        ties = near_ties(raw[:, :n], self.outputs.guided[:n], logp[:n], noise, self.settings, self.exact_error)
         self.tokens.near_tie[self.index.image_ids[a:a + n]] |= ties
 
 
@@ -191,7 +176,7 @@ class Branches:
     """Tokens a step feeds after its window that are no slot of the sequence: a draft tree's side branches (sjd-pac).
     Each stands at `slots[i]`'s position, sees the cache, the fed window's slots below `sees[i]`, its parent chain and
     itself; no window slot sees it, and its keys leave the cache after the step. Their raw logits reach the policy's
-    update as run.branch_logits [B, m, V]."""
+    update as run.outputs.branch_logits [B, m, V]."""
 
     ids: torch.Tensor  # [m] sequence ids, on the model's device
     slots: tuple[int, ...]  # host: the slot (position) each stands for

@@ -4,9 +4,11 @@ Counts   what the run counts (host numbers): steps, head calls, host copies, the
 Tokens   the token state per slot (device tensors): ids, codes, which are final and how each got its value
 Window   how far the run is fixed (host slot numbers): cached <= final_end, and the window's end
 Draws    the run's randomness: its seeded generator, the open slots' draft distributions and Gumbel noise
+Outputs  what the model computed that the run keeps: features per slot, the logits for the next slot
 
 Policies and drafters change them only through their methods (Tokens.write, finalize, fill_holes; Window.advance,
-set_end; Draws.put_q); only the engine moves Window.cached (Run.begin_step, end_step, finish)."""
+set_end; Draws.put_q; Outputs.set_features); only the engine moves Window.cached (Run.begin_step, end_step,
+finish)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -185,6 +187,24 @@ class Draws:
         """dist [n, V] for the open image slots of ranks [a, a + n)."""
         self.q.span(self.index.images_before[self.window.final_end], a + dist.shape[0])
         self.q.put(a, dist)
+
+
+class Outputs:
+    """What the model (and the heads) computed that the run keeps, per stream (B: this image's CFG streams), on the
+    model's device. The engine writes the model's (Run.begin_step, end_step; branch_logits), Run.logp the guided
+    logits, the drafters the heads' features (set_features)."""
+
+    def __init__(self, model, index: SlotIndex, last_features: torch.Tensor):
+        B, d = last_features.shape
+        self.features = torch.zeros(B, index.L, d, dtype=model.dtype, device=model.device)  # [B, L, d] per slot
+        self.prompt_features = last_features  # [B, d] the prompt's last pre-norm features: they predict slot 0
+        self.next_logits = model.image_logits(last_features)  # [B, V] raw logits for slot window.cached
+        self.branch_logits: torch.Tensor | None = None  # [B, m, V] raw logits of the step's Branches
+        self.guided: torch.Tensor | None = None  # [n, V] the guided logits of the latest Run.logp
+
+    def set_features(self, slots, features: torch.Tensor) -> None:
+        """The drafters' features at slots (an int with features [B, d], or a slice with [B, n, d])."""
+        self.features[:, slots] = features
 
 
 class SlotTable:

@@ -50,7 +50,7 @@ def test_first_cell_after_a_row_end_is_drafted_from_a_feature(tiny, draft_rows):
         q = seen[int(layout.slot_of_cell[y * W])]
         assert float(q.max()) > 2.0 / V, f"row {y}'s first cell was drafted from a uniform q"
         row_end = int(layout.slot_of_cell[y * W]) - 1
-        assert float(run.features[:, row_end].abs().sum()) > 0
+        assert float(run.outputs.features[:, row_end].abs().sum()) > 0
 
 
 def test_heads_acceptance_reports_depths_columns_and_beats_untrained(tiny, tmp_path):

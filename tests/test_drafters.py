@@ -75,7 +75,7 @@ def _compare_certified(model, heads, lo, hi, sweeps, seed):
     assert torch.equal(got, codes)
     # q and features: the chain's up to float rounding (a product over the whole row rounds as one over a cell may not)
     assert (certified.draws.q_at(a, b) - chain.draws.q_at(a, b)).abs().max() < 1e-6
-    assert torch.allclose(certified.features[:, lo:hi], chain.features[:, lo:hi], atol=1e-5)
+    assert torch.allclose(certified.outputs.features[:, lo:hi], chain.outputs.features[:, lo:hi], atol=1e-5)
     assert torch.equal(certified.draws.rng.get_state(), chain.draws.rng.get_state())
 
 

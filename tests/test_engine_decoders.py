@@ -110,7 +110,7 @@ def test_cache_equals_fresh_forward(tiny, decoder):
     model, heads = tiny
     run, trace = _run(model, heads if "ssd" in decoder else None, decoder, draft_rows=2)
     assert bool(run.tokens.final.all())
-    assert run.session.cached == run.L
+    assert run.session.cached == run.index.L
     fresh = model.start(run.session.__dict__.get("prompt") or model.build_prompt(1, "", True, model.default_grid))
     fresh.forward(run.tokens.ids.clone())
     for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):

@@ -60,18 +60,18 @@ def test_vertical_left_drafts_each_cell_from_the_token_drafted_on_its_left(tiny,
     with torch.no_grad():
         for x in range(W - 1):  # cell x+1 drafted from Hv(cell above x, the token drafted at x, cell above x+1)
             up, right = int(row0[x]), int(row0[x + 1])
-            above = (run.features[:, up], e[up])
-            f = heads.vertical(*above, e[int(row1[x])], run.features[:, right], e[right])
-            assert torch.allclose(run.features[:, int(row1[x])], f, atol=1e-5)
+            above = (run.outputs.features[:, up], e[up])
+            f = heads.vertical(*above, e[int(row1[x])], run.outputs.features[:, right], e[right])
+            assert torch.allclose(run.outputs.features[:, int(row1[x])], f, atol=1e-5)
             want = run.logp(model.image_logits(f[:, None]), row1[x + 1:x + 2], "heads")[0]
             assert torch.allclose(seen[int(row1[x + 1])], want, atol=1e-5)
             other = e[int(row1[x])].roll(1)  # another left token: another draft
-            moved = heads.vertical(*above, other, run.features[:, right], e[right])
+            moved = heads.vertical(*above, other, run.outputs.features[:, right], e[right])
             assert not torch.allclose(model.image_logits(moved), model.image_logits(f), atol=1e-4)
     # the offline drafts (acceptance.vertical_drafts) are the same features as ssd's on teacher-forced inputs
-    h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]
+    h = torch.cat([run.outputs.prompt_features[:, None], run.outputs.features], dim=1)[None]  # [1, S, L+1, d]
     off = vertical_drafts(heads, h, e[None], layout)  # [1, S, H-1, W-1, d]
-    assert torch.allclose(off[0, :, 0], run.features[:, row1[:W - 1]], atol=1e-5)
+    assert torch.allclose(off[0, :, 0], run.outputs.features[:, row1[:W - 1]], atol=1e-5)
 
 
 @pytest.mark.parametrize("shift", [0, 1])
@@ -92,18 +92,19 @@ def test_vertical_left_2_also_reads_the_token_before_and_the_cell_above_left(tin
             for x in range(W):  # the feature at (y, x) drafts the next slot
                 up, right, upleft = (int(cell[y - 1, min(max(x + shift + k, 0), W - 1)]) for k in (0, 1, -1))
                 t = int(cell[y, x])
-                f = heads.vertical(run.features[:, up], e[up], e[t], run.features[:, right], e[right], e[t - 1],
-                                   run.features[:, upleft], e[upleft])
-                assert torch.allclose(run.features[:, t], f, atol=1e-5)
+                feats = run.outputs.features
+                f = heads.vertical(feats[:, up], e[up], e[t], feats[:, right], e[right], e[t - 1], feats[:, upleft],
+                                   e[upleft])
+                assert torch.allclose(feats[:, t], f, atol=1e-5)
                 if x < W - 1:
                     want = run.logp(model.image_logits(f[:, None]), cell[y, x + 1:x + 2], "heads")[0]
                     assert torch.allclose(seen[int(cell[y, x + 1])], want, atol=1e-5)
-                moved = heads.vertical(run.features[:, up], e[up], e[t], run.features[:, right], e[right],
-                                       e[t - 1].roll(1), run.features[:, upleft], e[upleft])  # another token before
+                moved = heads.vertical(feats[:, up], e[up], e[t], feats[:, right], e[right],
+                                       e[t - 1].roll(1), feats[:, upleft], e[upleft])  # another token before
                 assert not torch.allclose(model.image_logits(moved), model.image_logits(f), atol=1e-4)
-    h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]
+    h = torch.cat([run.outputs.prompt_features[:, None], run.outputs.features], dim=1)[None]  # [1, S, L+1, d]
     off = vertical_drafts(heads, h, e[None], layout, all_columns=True)  # the offline drafts: the same features
-    assert torch.allclose(off[0, :, :2], run.features[:, cell[1:3]], atol=1e-5)
+    assert torch.allclose(off[0, :, :2], run.outputs.features[:, cell[1:3]], atol=1e-5)
     ar = ssd_core.generate(model, None, prompt=1, decoder="ar", seed=4)
     assert torch.equal(ssd_core.generate(model, heads, prompt=1, decoder="ssd-exact", seed=4).tokens, ar.tokens)
     assert ssd_core.generate(model, heads, prompt=1, decoder="ssd", seed=4).trace.steps < layout.num_slots

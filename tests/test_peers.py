@@ -55,7 +55,7 @@ def test_a_whole_image_alone_and_in_a_batch_with_the_cache_of_a_fresh_forward(gr
     layout = model.layout(None)
     run, _ = decode(model, None, model.build_prompt(1, "", True, layout.grid), layout, settings,
                     make_policy(decoder, **params), score=False)
-    assert bool(run.tokens.final.all()) and run.session.cached == run.L  # no branch's key stays in the cache
+    assert bool(run.tokens.final.all()) and run.session.cached == run.index.L  # no branch's key stays in the cache
     fresh = model.start(model.build_prompt(1, "", True, layout.grid))
     fresh.forward(run.tokens.ids.clone())
     for (k1, v1), (k2, v2) in zip(run.session.cache_tensors(), fresh.cache_tensors()):

@@ -24,7 +24,7 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
     slot = row * stride + k
     corrected = (run.tokens.codes[slot] + 1) % model.image_vocab_size
     run.tokens.write(run.index.slots(slot, slot + 1), corrected[None], draft=False)
-    before, features_before = run.tokens.codes.clone(), run.features.clone()
+    before, features_before = run.tokens.codes.clone(), run.outputs.features.clone()
     reanchor_row(run, slot, cells)
     last = min(row * stride + W, slot + 1 + cells)  # the re-drafted cells stay in the row
     with torch.no_grad():
@@ -35,12 +35,13 @@ def test_reanchor_redrafts_cells_after_the_corrected_token(tiny, row, k, cells):
             assert int(run.tokens.codes[t]) == int(run.draws.gumbel_sample(q, r, r + 1)[0])
             f = heads.horizontal(f, _embed(run, run.tokens.ids[t:t + 1])[0])
             if t < last - 1:  # the last re-drafted cell's feature is not needed (nothing drafts from it)
-                assert torch.allclose(run.features[:, t], f)
-    assert torch.equal(run.features[:, last - 1], features_before[:, last - 1])
+                assert torch.allclose(run.outputs.features[:, t], f)
+    assert torch.equal(run.outputs.features[:, last - 1], features_before[:, last - 1])
     assert torch.equal(run.tokens.codes[:slot + 1], before[:slot + 1])  # the rest is left as it was
     assert torch.equal(run.tokens.codes[last:], before[last:])
     if last - 1 > slot + 1:
-        assert not torch.allclose(run.features[:, slot + 1], features_before[:, slot + 1])  # through the new token
+        # through the new token
+        assert not torch.allclose(run.outputs.features[:, slot + 1], features_before[:, slot + 1])
 
 
 @pytest.mark.parametrize("seed", [0, 3, 7])

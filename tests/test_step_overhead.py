@@ -77,7 +77,7 @@ def test_enough_jacobi_sweeps_give_the_left_to_right_chains_drafts(tmp_path, row
         sweeps[n] = codes
         if n == W:  # the fixed point: the chain's drafts and features
             assert torch.equal(codes, chain.tokens.codes[lo:hi])
-            assert torch.allclose(run.features[:, lo:hi], chain.features[:, lo:hi], atol=1e-5)
+            assert torch.allclose(run.outputs.features[:, lo:hi], chain.outputs.features[:, lo:hi], atol=1e-5)
         assert run.counts.head_calls - calls == n + 1  # n sweeps, then the features
     assert torch.equal(sweeps[0], chain.tokens.codes[lo - stride:hi - stride])  # no sweep: the row above's tokens
     # one sweep already agrees with the chain on most cells

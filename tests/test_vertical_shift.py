@@ -35,15 +35,15 @@ def test_online_vertical_drafts_read_the_shifted_cell_and_match_the_offline_ones
     for y in (1, 2):  # row 2 reads row 1's drafted features and tokens
         src = cells[y - 1, [min(x + shift, W - 1) for x in range(W)]]
         with torch.no_grad():
-            want = heads.vertical(run.features[:, src], e[src])  # [B, W, d]
-        assert torch.allclose(run.features[:, cells[y]], want, atol=1e-5)
+            want = heads.vertical(run.outputs.features[:, src], e[src])  # [B, W, d]
+        assert torch.allclose(run.outputs.features[:, cells[y]], want, atol=1e-5)
         for x in range(W - 1):  # cell x+1 of row y is drafted from the feature predicted at x
             q = run.logp(model.image_logits(want[:, x:x + 1]), cells[y, x + 1:x + 2], "heads")[0]
             assert torch.allclose(seen[int(cells[y, x + 1])], q, atol=1e-5)
     # offline (trainer and scorer), on the same features taken as teacher-forced: the same predictions
-    h = torch.cat([run.prompt_features[:, None], run.features], dim=1)[None]  # [1, S, L+1, d]
+    h = torch.cat([run.outputs.prompt_features[:, None], run.outputs.features], dim=1)[None]  # [1, S, L+1, d]
     off = vertical_drafts(heads, h, e[None], layout, all_columns=True)  # [1, S, H-1, W, d]
-    assert torch.allclose(off[0, :, 0], run.features[:, cells[1]], atol=1e-5)
+    assert torch.allclose(off[0, :, 0], run.outputs.features[:, cells[1]], atol=1e-5)
 
 
 def test_the_shift_changes_what_hv_reads(tiny):
@@ -51,8 +51,9 @@ def test_the_shift_changes_what_hv_reads(tiny):
     layout = model.layout(None)
     cells = layout.slot_of_cell.view(*layout.grid)
     runs = [drafted_rows(model, shifted(model, plain, s), rows=2)[0] for s in (0, 1)]
-    same_row0 = torch.allclose(runs[0].features[:, cells[0]], runs[1].features[:, cells[0]])  # Hh alike
-    assert same_row0 and not torch.allclose(runs[0].features[:, cells[1]], runs[1].features[:, cells[1]], atol=1e-4)
+    a, b = (run.outputs.features for run in runs)
+    same_row0 = torch.allclose(a[:, cells[0]], b[:, cells[0]])  # Hh alike
+    assert same_row0 and not torch.allclose(a[:, cells[1]], b[:, cells[1]], atol=1e-4)
 
 
 def test_heads_file_records_the_shift_and_refuses_an_unknown_one(tiny, tmp_path):

@@ -70,7 +70,7 @@ def drafted_rows(model, heads, rows: int):
     seen = {}
 
     def pick(logp, a, b):
-        for slot, row in zip(run.image_slots[a:b], logp):
+        for slot, row in zip(run.index.image_slots[a:b], logp):
             seen[slot] = row
         return logp.argmax(-1).cpu()
 

@@ -12,7 +12,7 @@ from ..run import Run
 
 def feature(run: Run, slot: int) -> torch.Tensor:
     """[B, d] latest feature of a slot (-1: the prompt's last position)."""
-    return run.prompt_features if slot < 0 else run.features[:, slot]
+    return run.outputs.prompt_features if slot < 0 else run.outputs.features[:, slot]
 
 
 def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
@@ -127,12 +127,13 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 codes = _chain(run, feature(run, s - 1), s, stop, pick, _left_steps(run, s, stop))
             else:  # the whole stretch in one call from the row above
                 src = [_above(run, t) for t in range(s, stop)]
-                pred = run.call_heads(heads.vertical, run.features[:, src], _embed(run, run.tokens.ids[src]))  # [B,n,d]
+                above = run.outputs.features[:, src], _embed(run, run.tokens.ids[src])  # the cells above
+                pred = run.call_heads(heads.vertical, *above)  # [B, n, d]
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
                 before = run.index.images_before
                 codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[s], before[stop])
-                run.set_features(slice(s, stop), pred)
+                run.outputs.set_features(slice(s, stop), pred)
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
         run.tokens.write(slots, codes)
@@ -160,7 +161,7 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
         made.append(prev)
     feats = torch.stack(made, 1)  # [B, 1 + written, d]: the feature before lo, then those of lo, lo + 1, ...
     run.check_heads(feats[:, :hi - lo], run.index.slots(lo, hi))
-    run.set_features(slice(lo, lo + len(made) - 1), feats[:, 1:])  # one write for the chain
+    run.outputs.set_features(slice(lo, lo + len(made) - 1), feats[:, 1:])  # one write for the chain
     return torch.cat(picked)
 
 
@@ -184,7 +185,7 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
         run.check_heads(prev, slots)
         before = run.index.images_before
         codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[lo], before[hi])
-    run.set_features(slice(lo, hi), feats)
+    run.outputs.set_features(slice(lo, hi), feats)
     return codes
 
 
@@ -218,14 +219,14 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
     if m >= n:  # a fixed point: every code, q and feature is the chain's
         run.draws.put_q(a, p)
-        run.set_features(slice(lo, hi), feats)
+        run.outputs.set_features(slice(lo, hi), feats)
         return codes
-    run.set_features(slice(lo, lo + m), feats[:, :m])  # features of cells whose two codes were final
+    run.outputs.set_features(slice(lo, lo + m), feats[:, :m])  # features of cells whose two codes were final
     qs = [p[:m + 1]]
     step = _left_steps(run, lo, hi, parts)
     e = _embed(run, run.index.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
     f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)  # the feature at cell m, which drafts cell m + 1
-    run.set_features(lo + m, f)
+    run.outputs.set_features(lo + m, f)
     if m + 1 < n:
         def pick(logp, i, j):  # the chain's draw with the cell's own uniform
             q = logp.exp()
@@ -253,7 +254,7 @@ def _row_above(run: Run, lo: int, hi: int) -> tuple[list, torch.Tensor]:
     slots = [[_above(run, t, k) for t in range(lo, hi)] for k in columns]
     e = _embed(run, run.tokens.ids[[t for c in slots for t in c] + [lo - 1]])  # one lookup for the whole stretch
     n = hi - lo
-    return [(run.features[:, c], e[i * n:(i + 1) * n]) for i, c in enumerate(slots)], e[-1:]
+    return [(run.outputs.features[:, c], e[i * n:(i + 1) * n]) for i, c in enumerate(slots)], e[-1:]
 
 
 def _vertical(run: Run, above: list, token: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
@@ -302,7 +303,7 @@ def _forced_features(run: Run, s: int) -> None:
         f -= 1
     for t in range(f, s):
         token = _embed(run, run.tokens.ids[t:t + 1])[0]
-        run.set_features(t, run.call_heads(run.heads.horizontal, feature(run, t - 1), token))
+        run.outputs.set_features(t, run.call_heads(run.heads.horizontal, feature(run, t - 1), token))
 
 
 def rows_end(run: Run, first_slot: int, rows: int) -> int:

@@ -195,7 +195,7 @@ class SJDPACPolicy(Policy):
         raw, where = [], []
         for level in range(T + 1):
             for path in product(range(K), repeat=level):
-                raw.append(logits[:, s0 + level - C] if not any(path) else run.branch_logits[:, index[path]])
+                raw.append(logits[:, s0 + level - C] if not any(path) else run.outputs.branch_logits[:, index[path]])
                 where.append(s0 + level)
         logp = run.logp(torch.stack(raw, 1), torch.tensor(where, device=logits.device))
         sizes = [K ** level for level in range(T + 1)]
