@@ -1,4 +1,4 @@
-"""The parts of one generation's state, which a Run (run.py) holds one of each (docs/engine.md, "The state of a run"):
+"""The parts of one generation's state; a Run (run.py) holds one of each (docs/engine.md, "The state of a run"):
 
 Counts   what the run counts (host numbers): steps, head calls, host copies, the verification records
 Tokens   the token state per slot (device tensors): ids, codes, which are final and how each got its value
