@@ -5,12 +5,14 @@
 The server runs from its checkout with --cpu on 127.0.0.1 and a throw-away --base-directory whose
 custom_nodes/ComfyUI-SSD links to this repository (nothing is written into the checkout).
 SSD_COMFYUI_PYTHON defaults to the interpreter running pytest; it needs ComfyUI's requirements,
-`requests` and `websocket-client`. SSD_COMFYUI_PACK (optional) loads another copy of the pack.
+`requests` and `websocket-client`. SSD_COMFYUI_PACK (optional) loads another copy of the pack (make test-host: the
+Manager's clone in the host's custom_nodes). SSD_COMFYUI_ARGS (optional) adds server flags, e.g. `--enable-manager`.
 """
 
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACK_NAME = "ComfyUI-SSD"
 COMFY_DIR = os.environ.get("SSD_COMFYUI_DIR", "")
 COMFY_PY = os.environ.get("SSD_COMFYUI_PYTHON", sys.executable)
+EXTRA_ARGS = shlex.split(os.environ.get("SSD_COMFYUI_ARGS", ""))  # more server flags (make test-host: --enable-manager)
 API_DIR = ROOT / "tests" / "workflows_api"
 
 
@@ -90,6 +93,7 @@ class ComfyServer:
                "--disable-auto-launch", "--database-url", "sqlite:///:memory:"]
         if self.front_end_root:
             cmd += ["--front-end-root", str(self.front_end_root)]
+        cmd += EXTRA_ARGS
         self.log = open(self.log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # The bundled model is tiny: one thread is fast, and on a busy small machine torch's default
@@ -292,6 +296,19 @@ def test_object_info_matches_the_pack_outside_comfyui(server):
                 if key in req:
                     req[key][1].pop("options")
         assert theirs == ours, name
+
+
+@pytest.mark.skipif("--enable-manager" not in EXTRA_ARGS, reason="the server runs without the Manager "
+                    "(make test-host starts it with --enable-manager, SSD_COMFYUI_ARGS)")
+def test_the_manager_lists_the_pack(server):
+    """Started with --enable-manager (ComfyUI 0.30.0 and newer), the Manager counts the pack as installed and
+    enabled; when the pack is a git clone (cm-cli's install), at the commit it was cloned at."""
+    installed = server.get("/v2/customnode/installed").json()
+    assert PACK_NAME in installed and installed[PACK_NAME]["enabled"] is True, installed
+    head = subprocess.run(["git", "-C", str(server.pack), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0 and (server.pack / ".git").exists():
+        assert installed[PACK_NAME]["ver"] == head.stdout.strip(), installed
+    assert "IMPORT FAILED" not in server.log_tail(400)
 
 
 def test_widget_and_templates_are_served(server):
