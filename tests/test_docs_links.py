@@ -4,7 +4,7 @@ import re
 
 from conftest import ROOT
 
-SKIP = {".git", ".venv", ".venv457", "node_modules", ".work", "build", "demo_out", "bench_out", "out"}
+SKIP = {".git", ".venv", ".venv457", "node_modules", ".work", "build", "demo_out", "bench_out", "out", ".host"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
 
 
