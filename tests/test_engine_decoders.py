@@ -58,7 +58,7 @@ def test_distribution_of_first_two_tokens(tmp_path, decoder):
     heads = ssd_core.load_heads(heads, model) if heads else None
     settings = SamplerSettings(seed=0, cfg=1.5, temperature=1.0)
     joint = exact_joint(model, 0, settings)
-    n = 2000
+    n = 800 if decoder == "ar" else 2000  # ar, the control, needs fewer draws than the decoders under test
     counts = torch.zeros(4, 4)
     layout = model.layout((1, 2))
     prompt = model.build_prompt(0, "", True, layout.grid)

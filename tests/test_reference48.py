@@ -39,7 +39,7 @@ def test_ssd_exact_is_ar_at_48x48_in_far_fewer_steps(bundled48):
 
 def test_the_middle_grid_32x32_is_exact_too(bundled48):
     model, heads = bundled48
-    for seed in (1, 2):
+    for seed in (1,):  # one seed: the 48x48 test above is the same claim at the full grid
         ar = ssd_core.generate(model, None, prompt="animal", decoder="ar", seed=seed, grid=(32, 32), score=False)
         ex = ssd_core.generate(model, heads, prompt="animal", decoder="ssd-exact", seed=seed, grid=(32, 32),
                                decode_pixels=False, score=False)

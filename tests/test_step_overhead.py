@@ -40,9 +40,10 @@ def test_ops_per_step_hold_the_budget_on_the_bundled_model(bundled, decoder):
     model, heads = bundled
     per_step, steps = [], []
     for seed in range(3):
-        with count_ops() as ops:
+        with count_ops() as ops:  # ar's ops a step do not depend on the grid: 12x12 (143 steps) for 24x24's 575
             r = ssd_core.generate(model, heads if decoder != "ar" else None, prompt=seed, decoder=decoder, seed=seed,
-                                  decode_pixels=False, score=False, **PARAMS[decoder])
+                                  decode_pixels=False, score=False, grid=(12, 12) if decoder == "ar" else None,
+                                  **PARAMS[decoder])
         per_step.append(ops.per_step())
         steps.append(r.trace.steps)
     print(f"{decoder}: ops/step {[round(p) for p in per_step]}, steps {steps}")
@@ -87,9 +88,9 @@ def test_enough_jacobi_sweeps_give_the_left_to_right_chains_drafts(tmp_path, row
 def test_exact_with_row_sweeps_is_still_ar_and_drafts_about_as_well(bundled):
     model, heads = bundled
     fast, slow = [], []
+    ar = ssd_core.generate(model, None, decoder="ar", prompt=0, seed=0, decode_pixels=False, score=False).tokens
     for seed in range(3):
         kw = dict(prompt=seed, seed=seed, decode_pixels=False, score=False)
-        ar = ssd_core.generate(model, None, decoder="ar", **kw)
         fast.append(ssd_core.generate(model, heads, decoder="ssd-exact", draft_rows=3, **kw))  # heads used
         old = exact.JACOBI_SWEEPS, exact.FIRST_ROW_REDRAFT
         exact.JACOBI_SWEEPS, exact.FIRST_ROW_REDRAFT = 0, model.layout(None).grid[1]  # cell by cell, whole first row
@@ -97,7 +98,8 @@ def test_exact_with_row_sweeps_is_still_ar_and_drafts_about_as_well(bundled):
             slow.append(ssd_core.generate(model, heads, decoder="ssd-exact", draft_rows=3, **kw))
         finally:
             exact.JACOBI_SWEEPS, exact.FIRST_ROW_REDRAFT = old
-        assert torch.equal(fast[-1].tokens, ar.tokens) and torch.equal(slow[-1].tokens, ar.tokens)
+        # both are ar's tokens: fast's == ar is test_reference_model's (every seed), seed 0's checked here too
+        assert torch.equal(slow[-1].tokens, fast[-1].tokens) and (seed or torch.equal(fast[-1].tokens, ar))
     steps = [sum(r.trace.steps for r in runs) for runs in (fast, slow)]
     print(f"ssd-exact steps, seeds 0-2: row sweeps {steps[0]}, cell by cell {steps[1]}")
     assert steps[0] <= steps[1] * 1.08  # a few % more steps for ~2.5x fewer ops a step
