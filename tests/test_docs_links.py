@@ -29,3 +29,13 @@ def test_every_relative_link_resolves_inside_the_repository():
 def test_no_page_points_outside_the_repository():
     bad = [str(p.relative_to(ROOT)) for p in pages() if "../shared" in p.read_text(encoding="utf-8")]
     assert not bad, bad
+
+
+def test_the_test_map_marks_exactly_the_fast_tier():
+    """tests/README.md's module-to-tests map stars the files of `make test-fast`: the Makefile's FAST_TESTS."""
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    listed = re.search(r"^FAST_TESTS :=((?:.*\\\n)*.*)$", make, re.M).group(1)
+    fast = set(listed.replace("\\\n", " ").split())
+    starred = set(re.findall(r"\b([a-z0-9_]+)\*", (ROOT / "tests" / "README.md").read_text(encoding="utf-8")))
+    assert fast and starred - {"nodes_"} == fast  # "every nodes_* file" is a pattern, not a file
+    assert all((ROOT / "tests" / f"test_{name}.py").is_file() for name in fast)
