@@ -480,8 +480,16 @@ def test_comfyui_manages_the_model_and_free_releases_it(server):
     assert "execution_success" in types_of(msgs)
     models = held(lambda m: len(m) == 1)
     assert len(models) == 1 and models[0]["loaded_in_comfyui"] and models[0]["family"] == "llama-grid"
-    assert server.post("/free", {"unload_models": True, "free_memory": True}).status_code == 200
-    assert held(lambda m: not m) == []
+    # ComfyUI's prompt worker reads /free's flags only when it wakes: a /free that lands while it is still
+    # finishing the last prompt (its gc) wakes nobody until the next prompt. Seen once here (make test-host, 2 busy
+    # cores), so /free is posted again, as a user would press the button again, until the model is gone.
+    deadline = time.time() + 60
+    while True:
+        assert server.post("/free", {"unload_models": True, "free_memory": True}).status_code == 200
+        models = held(lambda m: not m, timeout=10)
+        if not models or time.time() > deadline:
+            break
+    assert models == []
     pid, msgs = server.run(small_prompt(seed=32, decoder="ssd-exact", heads="none"))
     assert "execution_success" in types_of(msgs)
     models = held(lambda m: len(m) == 1)
