@@ -277,7 +277,7 @@ def test_damaged_folders_are_refused_in_one_line(folder, tmp_path):
 def test_the_other_releases_are_told_apart(folder, tmp_path):
     emu3 = build_emu3(tmp_path / "Emu3-Gen-hf")
     assert ssd_core.load_model(emu3, dtype="fp32").family == "emu3"
-    with pytest.raises(ssd_core.SSDError, match=r"not a emu3.5 model .* load it as family 'emu3'"):
+    with pytest.raises(ssd_core.SSDError, match=r"not an emu3.5 model .* load it as family 'emu3'"):
         ssd_core.load_model(emu3, dtype="fp32", family="emu3.5")
     with pytest.raises(ssd_core.SSDError, match=r"load it as family 'emu3.5'"):
         ssd_core.load_model(folder, dtype="fp32", family="emu3")

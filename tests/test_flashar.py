@@ -263,7 +263,7 @@ def test_damaged_folders_are_refused_in_one_line(folder, tmp_path):
             ssd_core.load_model(bad, dtype="fp32")
         assert "\n" not in str(err.value), bad.name
     base = build_emu35_released(tmp_path / "Emu3.5-Image")
-    with pytest.raises(ssd_core.SSDError, match=r"not a emu3.5-flashar model .* load it as family 'emu3.5'"):
+    with pytest.raises(ssd_core.SSDError, match=r"not an emu3.5-flashar model .* load it as family 'emu3.5'"):
         ssd_core.load_model(base, dtype="fp32", family="emu3.5-flashar")
     with pytest.raises(ssd_core.SSDError, match=r"load it as family 'emu3.5-flashar'"):
         ssd_core.load_model(folder, dtype="fp32", family="emu3.5")
