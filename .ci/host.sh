@@ -116,7 +116,9 @@ COMFYUI_PATH=$COMFY "$VENV/bin/cm-cli" install --exit-on-fail "file://localhost$
     > "$HOST/cm-cli.log" 2>&1 || { tail -40 "$HOST/cm-cli.log"; echo "host: cm-cli install failed" >&2; exit 1; }
 grep -E "^Install|^CLONE|EXECUTE|^'install'|black listed|INSTALLED|Installation" "$HOST/cm-cli.log" | sed 's/^/   /' || true
 [ -f "$PACK/__init__.py" ] || { echo "host: the Manager left no $PACK/__init__.py" >&2; exit 1; }
-[ "$(git -C "$PACK" rev-parse HEAD)" = "$(git rev-parse HEAD)" ] || { echo "host: $PACK is not at HEAD" >&2; exit 1; }
+SRC_HEAD=$(git -C "$HOST/src/ComfyUI-SSD" rev-parse HEAD)   # HEAD when cloned (a commit may land meanwhile)
+[ "$(git -C "$PACK" rev-parse HEAD)" = "$SRC_HEAD" ] || { echo "host: $PACK is not at $SRC_HEAD" >&2; exit 1; }
+echo "   the pack: $PACK at $SRC_HEAD"
 took manager
 
 # -- 6. the tests on 0.30.0 ------------------------------------------------------------------------------------
