@@ -53,6 +53,7 @@ class BenchOptions:
     json: str | None = None  # the report as JSON
     model_name: str = ""  # shown in the report
     batch: int = 0  # also run every decoder in batches of this many images (images/s batched vs one at a time)
+    step_ops: bool = True  # count the ops a step launches (one more untimed run of the first image a row)
 
 
 def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
@@ -165,7 +166,7 @@ def run_bench(model, heads, o: BenchOptions, log=print, on_step=None, keep: dict
         keep.update(results=results, prompts=prompts)
     batched = run_batches(model, heads, o, variants, prompts, seeds, log) if o.batch > 1 else None
     rows = [row_figures(label, decoder, results[label], results["ar"], batched and batched[label]["results"],
-                        step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]))
+                        step_ops(model, heads, o, label, decoder, params, prompts[0], seeds[0]) if o.step_ops else {})
             for label, decoder, params in variants]
     ar = results["ar"]
     report = {"model": o.model_name, "images": len(prompts), "grid": list(ar[0].tokens.shape),

@@ -191,7 +191,7 @@ def cmd_bench(args) -> int:
         ssd_first_row=args.ssd_first_row or ((args.stable_first_row,) if args.stable_first_row is not None else ()),
         plot=args.plot,
         verify_cost=args.verify_cost, out_dir=args.out_dir, json=args.json, model_name=str(args.model),
-        batch=args.batch)
+        batch=args.batch, step_ops=args.step_ops)
     if args.difficulty:  # every decoder at several sampler settings, with how certain ar's tokens were
         from . import difficulty
 
@@ -309,6 +309,8 @@ def _bench_parser(sub) -> None:
                    "stays in memory until the report); default 4")
     b.add_argument("--json", default=None)
     b.add_argument("--verify-cost", action="store_true", help="also time one verify forward per window length")
+    b.add_argument("--no-step-ops", dest="step_ops", action="store_false", help="leave out the ops/st column "
+                   "(its count runs the first image once more per row, untimed)")
     b.add_argument("--ssd-rounds", default=None, help="comma list of ssd verify rounds to bench, e.g. 0,1,2")
     b.add_argument("--ssd-adaptive", default=None, help="comma list of adaptive percents to bench beside the "
                    "fixed schedule, e.g. 5,15 (per --ssd-rounds value: the cap)")

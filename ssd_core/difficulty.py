@@ -72,7 +72,7 @@ def sweep(model, heads, o: BenchOptions, temperatures=TEMPERATURES, weak_cfg: fl
         log(f"difficulty: temperature {p['temperature']:g}, cfg {p['cfg']:g}")
         kept: dict = {}
         report = run_bench(model, heads, replace(o, temperature=p["temperature"], cfg=p["cfg"], plot=None, json=None,
-                                                 out_dir=None), log=log, keep=kept)
+                                                 out_dir=None, step_ops=False), log=log, keep=kept)  # no ops column
         sure = certainty(model, kept["results"]["ar"], kept["prompts"], p["cfg"], p["temperature"], o)
         rows = {r["decoder"]: {k: r[k] for k in ROW_KEYS if k in r} for r in report["rows"]}
         out.append({**p, **sure, "rows": rows})

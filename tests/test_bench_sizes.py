@@ -33,6 +33,7 @@ def test_sweep_writes_one_row_per_decoder_and_size_and_a_plot(tmp_path, capsys):
         exact = rows["ssd-exact@2:noheads"]
         assert exact["identical_to_ar"] == 1.0 and exact["step_ratio"] > 2.5
         assert exact["class_acc"] is not None  # the yardstick scores both models' pictures
+        assert "ops_per_step" not in exact  # --no-step-ops: no extra run per row for a column the table lacks
     assert Image.open(png).size == (640, 420)
     table = capsys.readouterr().out
     assert "| 32 | ssd-exact@2:noheads |" in table and "steps / side" in table
