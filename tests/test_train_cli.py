@@ -55,7 +55,18 @@ def _cli(*args):
                           text=True, timeout=300)
 
 
-def test_cli_generate_bench_and_errors(tmp_path):
+def _in_process(capsys, *args):
+    """The same CLI in this process (no interpreter and torch start-up): -> (exit code, stdout, stderr)."""
+    from ssd_core import cli
+
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_generate_bench_and_errors(tmp_path, capsys):
+    """generate and bench as real processes (python -m ssd_core), train-heads and the refusals in this process."""
     folder = make_llama_grid(tmp_path / "m", grid=(5, 5))
     model = ssd_core.load_model(folder)
     heads = make_heads(model, tmp_path / "h.safetensors")
@@ -86,24 +97,26 @@ def test_cli_generate_bench_and_errors(tmp_path):
     for key in ("steps", "step_ratio", "wall_ratio", "nll", "nll_gap"):
         assert key in rows["ssd"]
     assert "decoder" in out.stdout and "ssd-exact" in out.stdout
-    bad = _cli("generate", "--model", folder, "--heads", heads, "--top-p", 0)
-    assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
-    train = _cli("train-heads", "--model", folder, "--out", tmp_path / "t.safetensors", "--samples", 8,
-                 "--heldout", 2, "--epochs", 1)
-    assert train.returncode == 0, train.stderr
+    code, _, err = _in_process(capsys, "generate", "--model", folder, "--heads", heads, "--top-p", 0)
+    assert code == 2 and "top_p must be in (0, 1]" in err
+    code, _, err = _in_process(capsys, "train-heads", "--model", folder, "--out", tmp_path / "t.safetensors",
+                               "--samples", 8, "--heldout", 2, "--epochs", 1)
+    assert code == 0, err
     assert ssd_core.load_heads(tmp_path / "t.safetensors", model).family == "llama-grid"
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     save_file({"tokens": torch.randint(0, 16, (6, 5, 5)), "classes": torch.tensor([0, 1, 2, 0, 1, 2])},
               str(tmp_path / "grids.safetensors"))
-    from_file = _cli("train-heads", "--model", folder, "--out", tmp_path / "f.safetensors", "--grids",
-                     tmp_path / "grids.safetensors", "--heldout", 2, "--epochs", 1, "--vertical-left", 2)
-    assert from_file.returncode == 0, from_file.stderr
-    assert '"samples": 4' in from_file.stdout and "generating" not in from_file.stdout
+    code, out, err = _in_process(capsys, "train-heads", "--model", folder, "--out", tmp_path / "f.safetensors",
+                                 "--grids", tmp_path / "grids.safetensors", "--heldout", 2, "--epochs", 1,
+                                 "--vertical-left", 2)
+    assert code == 0, err
+    assert '"samples": 4' in out and "generating" not in out
     assert ssd_core.load_heads(tmp_path / "f.safetensors", model).vertical_left == 2
-    bad = _cli("train-heads", "--model", folder, "--out", tmp_path / "g.safetensors", "--grids", heads)
-    assert bad.returncode == 2 and "needs the tensors 'tokens'" in bad.stderr
+    code, _, err = _in_process(capsys, "train-heads", "--model", folder, "--out", tmp_path / "g.safetensors",
+                               "--grids", heads)
+    assert code == 2 and "needs the tensors 'tokens'" in err
 
 
 def test_self_distilled_grids_sample_on_the_static_cache(tmp_path, monkeypatch):
