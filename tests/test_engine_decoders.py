@@ -6,7 +6,7 @@ import torch
 
 import ssd_core
 from ssd_core.decoders import make_policy
-from ssd_core.engine import decode
+from ssd_core.engine import Generation, decode, decode_batch
 from ssd_core.session import Layout
 from ssd_core.sampling import SamplerSettings
 from tiny import make_heads, make_llama_grid, tiny_model_and_heads
@@ -49,7 +49,9 @@ def test_distribution_of_first_two_tokens(tmp_path, decoder):
     """Chi-square of the joint of the first two tokens against the exact AR probabilities.
 
     `ssd` with one correction round is exact on a 1x2 grid too: round 1 re-checks the second token
-    against the first token's final value, so this checks its acceptance and residual arithmetic."""
+    against the first token's final value, so this checks its acceptance and residual arithmetic.
+    The n draws (seeds 0..n-1) are made as one batch: each image gets its single run's tokens (tests/test_batch.py
+    for these decoders), so the counts are those of n single decodes, at a fraction of the time."""
     from scipy.stats import chisquare
 
     folder = make_llama_grid(tmp_path / "m", grid=(1, 2), image_vocab=4, num_classes=2, seed=7)
@@ -62,9 +64,10 @@ def test_distribution_of_first_two_tokens(tmp_path, decoder):
     counts = torch.zeros(4, 4)
     layout = model.layout((1, 2))
     prompt = model.build_prompt(0, "", True, layout.grid)
-    for seed in range(n):
-        s = SamplerSettings(seed=seed, cfg=1.5, temperature=1.0)
-        run, _ = decode(model, heads, prompt, layout, s, make_policy(decoder, verify_rounds=1), score=False)
+    done = decode_batch(model, heads, [prompt] * n, layout,
+                        [SamplerSettings(seed=seed, cfg=1.5, temperature=1.0) for seed in range(n)],
+                        [make_policy(decoder, verify_rounds=1) for _ in range(n)], Generation(score=False))
+    for run, _ in done:
         counts[run.tokens.codes[0], run.tokens.codes[1]] += 1
     expected = joint.flatten() * n
     keep = expected > 5
