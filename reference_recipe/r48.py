@@ -2,6 +2,7 @@
 
     python -m reference_recipe.r48 data  --work build/r48            # render + tokenize (minutes)
     python -m reference_recipe.r48 train --work build/r48 --minutes 70 [--resume]
+    python -m reference_recipe.r48 train --work build/r48x --init ssd_core/reference/model48 --steps 2000 [--resume]
     python -m reference_recipe.r48 ship  --work build/r48 --out ssd_core/reference/model48
 
 Design (issue 24): the same glyphs, classes, held-out split and VQ as `reference` (the VQ is fully
@@ -11,6 +12,9 @@ a mix of 48x48 sequences (2,353 tokens) and 32x32 ones (1,057) so that it also s
 sweep. The learning rate follows the wall clock (held for a third of the budget, then linearly to 0), so a
 slower shared CPU shortens the run instead of cutting the schedule; a checkpoint (weights, AdamW moments,
 step, elapsed seconds, data position) every 50 steps and at SIGTERM/SIGINT lets `--resume` continue.
+`--steps N` schedules by steps instead (held for a third of N, then linearly to 0), for a run that shares the CPU
+with other work at a low priority, and `--init DIR` starts from a shipped model folder (the extension of issue 41
+starts from the shipped reference-48).
 """
 from __future__ import annotations
 
@@ -84,10 +88,10 @@ def build_data(work: str) -> None:
     log(f"wrote {os.path.join(work, 'data.safetensors')}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items()))
 
 
-def warm_start():
-    """`reference` in fp32 with room for 48x48 sequences."""
+def warm_start(init: str | None = None):
+    """`reference` (or the model folder `init`) in fp32 with room for 48x48 sequences."""
     from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(REFERENCE, dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(init or REFERENCE, dtype=torch.float32)
     model.config.max_position_embeddings = MAX_POSITIONS
     return model
 
@@ -100,19 +104,20 @@ def heldout_nll(model, toks, classes, lay) -> float:
     return float(ce.mean())
 
 
-def train(work: str, minutes: float, resume: bool) -> None:
+def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None) -> None:
     from safetensors.torch import load_file
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     lay = layout(spec["num_classes"], row_end=True)
     data = load_file(os.path.join(work, "data.safetensors"))
-    model = warm_start()
+    model = warm_start(init)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
     ckpt = os.path.join(work, "checkpoint.pt")
-    state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60}
+    state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
+             "init": init}
     if resume and os.path.exists(ckpt):
         saved = torch.load(ckpt, weights_only=True)  # our own checkpoint: tensors and plain values only
         model.load_state_dict(saved["model"])
@@ -120,6 +125,8 @@ def train(work: str, minutes: float, resume: bool) -> None:
         state = saved["state"]
         if minutes is not None:  # a new budget for the rest of the run
             state["budget_s"] = minutes * 60
+        if steps is not None:
+            state["budget_steps"] = steps
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
     g = torch.Generator().manual_seed(SEED + 4800 + state["step"])
     stop = {"now": False}
@@ -149,9 +156,14 @@ def train(work: str, minutes: float, resume: bool) -> None:
     if state["step"] == 0:
         evaluate()
     t_start = time.time() - state["elapsed"]
-    while state["elapsed"] < state["budget_s"] and not stop["now"]:
+    def done_share() -> float:  # of the budget: steps when counted in steps, else the wall clock
+        if state.get("budget_steps"):
+            return state["step"] / state["budget_steps"]
+        return state["elapsed"] / state["budget_s"]
+
+    while done_share() < 1 and not stop["now"]:
         model.train()
-        frac = state["elapsed"] / state["budget_s"]
+        frac = done_share()
         lr = LR * min(1.0, (state["step"] + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
         for grp in opt.param_groups:
             grp["lr"] = lr
@@ -169,7 +181,7 @@ def train(work: str, minutes: float, resume: bool) -> None:
         state["elapsed"] = time.time() - t_start
         if state["step"] % 10 == 0:
             log(f"step {state['step']} {side}x{side} loss {loss.item():.4f} lr {lr:.2e} "
-                f"{state['elapsed'] / 60:.1f}/{state['budget_s'] / 60:.0f} min")
+                f"{state['elapsed'] / 60:.1f} min, {frac:.1%} of the budget")
         if state["step"] % EVAL_EVERY == 0:
             evaluate()
         if state["step"] % 50 == 0:
@@ -181,9 +193,9 @@ def train(work: str, minutes: float, resume: bool) -> None:
         f"at step {state['best_step']}")
 
 
-def ship(work: str, out: str) -> None:
+def ship(work: str, out: str, init: str | None = None) -> None:
     """The best checkpoint as a model folder: fp16 weights and ssd_model.json naming reference's VQ and yardstick."""
-    model = warm_start()
+    model = warm_start(init)
     model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
     os.makedirs(out, exist_ok=True)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
@@ -206,11 +218,13 @@ def main(argv=None) -> None:
     ap.add_argument("--minutes", type=float, default=None,
                     help="training budget in wall-clock minutes (default 70; with --resume: a new budget)")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--steps", type=int, default=None, help="budget in steps instead of minutes (lr by step)")
+    ap.add_argument("--init", default=None, help="start from this model folder instead of reference")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
-    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume),
-     "ship": lambda: ship(a.work, a.out)}[a.stage]()
+    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init),
+     "ship": lambda: ship(a.work, a.out, a.init)}[a.stage]()
 
 
 if __name__ == "__main__":
