@@ -75,42 +75,27 @@ def test_threads_bench_runs_at_the_count_it_names_beside_busy_loops_and_restores
 
 
 # ---- several generations at once on one loaded model (API users: a web service, a thread pool) ----------------
-JOBS = [(prompt, seed) for prompt in range(4) for seed in (1, 2)]  # 4 threads x 2 seeds
-
-
-def _tokens(model, drafter, decoder, job):
-    return ssd_core.generate(model, drafter, prompt=job[0], decoder=decoder, seed=job[1], grid=(6, 6),
-                             decode_pixels=False, score=False).tokens
-
-
-@pytest.fixture(scope="module")
-def sequential_ar(bundled):
-    """ar's tokens for every job, one run after another: the sequential tokens of ar, and of ssd-exact on either
-    cache too (its tokens are ar's for the seed: test_engine_exact, test_static_cache, test_reference_model)."""
-    model, _ = bundled
-    return [_tokens(model, None, "ar", job) for job in JOBS]
-
-
 @pytest.mark.parametrize("decoder, static", [(d, False) for d in ("ar", "ssd", "ssd-exact", "sjd", "zipar")] +
                          [("ssd-exact", True)], ids=["ar", "ssd", "ssd-exact", "sjd", "zipar", "ssd-exact-static"])
-def test_threads_on_one_model_get_their_sequential_tokens(bundled, sequential_ar, decoder, static):
+def test_threads_on_one_model_get_their_sequential_tokens(bundled, decoder, static):
     from concurrent.futures import ThreadPoolExecutor
 
     from ssd_core import static_cache
 
     model, heads = bundled
-    drafter = heads if decoder.startswith("ssd") else None
-
-    def run(job):
-        return _tokens(model, drafter, decoder, job)
-
     static_cache.enable(model, "static" if static else "off")
     try:
-        # ssd-exact's sequential tokens are ar's (on the static cache too): the shared ar runs stand for them
-        sequential = sequential_ar if decoder in ("ar", "ssd-exact") else [run(job) for job in JOBS]
+        drafter = heads if decoder.startswith("ssd") else None
+        jobs = [(prompt, seed) for prompt in range(4) for seed in (1, 2)]  # 4 threads x 2 seeds
+
+        def run(job):
+            return ssd_core.generate(model, drafter, prompt=job[0], decoder=decoder, seed=job[1], grid=(6, 6),
+                                     decode_pixels=False, score=False).tokens
+
+        sequential = [run(job) for job in jobs]
         with ThreadPoolExecutor(4) as pool:
-            concurrent = list(pool.map(run, JOBS))
+            concurrent = list(pool.map(run, jobs))
     finally:
         static_cache.enable(model, "off")
-    for job, a, b in zip(JOBS, sequential, concurrent):
+    for job, a, b in zip(jobs, sequential, concurrent):
         assert torch.equal(a, b), f"{decoder} prompt {job[0]} seed {job[1]}: another thread changed the tokens"
