@@ -44,9 +44,10 @@ def test_no_float64_op_in_any_decoder_step(bundled, decoder):
 def test_todays_seeds_keep_their_images(bundled, monkeypatch):
     model, heads = bundled
     kw = dict(prompt=5, decode_pixels=False, score=False)
-    now = [ssd_core.generate(model, None, decoder="ar", seed=s, **kw).tokens for s in range(2)]
+    # seeds 0 and 1 as one batch (one forward a step for both; each image its single run's tokens: test_batch)
+    now = [r.tokens for r in ssd_core.generate_batch(model, None, decoder="ar", seeds=[0, 1], **kw)]
     monkeypatch.setattr(run_state, "gumbel", float64_gumbel)
-    before = [ssd_core.generate(model, None, decoder="ar", seed=s, **kw).tokens for s in range(2)]
+    before = [r.tokens for r in ssd_core.generate_batch(model, None, decoder="ar", seeds=[0, 1], **kw)]
     exact = ssd_core.generate(model, heads, decoder="ssd-exact", seed=0, **kw).tokens
     for a, b in zip(now, before):
         assert torch.equal(a, b)
