@@ -89,7 +89,7 @@ def test_threads_on_one_model_get_their_sequential_tokens(bundled, decoder, stat
         jobs = [(prompt, seed) for prompt in range(4) for seed in (1, 2)]  # 4 threads x 2 seeds
 
         def run(job):
-            return ssd_core.generate(model, drafter, prompt=job[0], decoder=decoder, seed=job[1], grid=(6, 6),
+            return ssd_core.generate(model, drafter, prompt=job[0], decoder=decoder, seed=job[1], grid=(4, 4),
                                      decode_pixels=False, score=False).tokens
 
         sequential = [run(job) for job in jobs]
