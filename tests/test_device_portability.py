@@ -36,7 +36,7 @@ def test_no_float64_op_in_any_decoder_step(bundled, decoder):
     name, _, noheads = decoder.partition(":")
     with count_ops() as ops:
         r = ssd_core.generate(model, None if noheads or name in ("ar", "sjd", "zipar") else heads, prompt=2,
-                              decoder=name, seed=4, grid=(8, 8), decode_pixels=False, score=False)
+                              decoder=name, seed=4, grid=(6, 6), decode_pixels=False, score=False)
     assert ops.steps >= r.trace.steps > 4 and ops.total > 0
     assert not ops.float64, f"float64 ops in {decoder}'s steps: {dict(ops.float64)}"
 
