@@ -1,11 +1,15 @@
 """The example workflows (UI format, example_workflows/) agree with their API-format copies
-(tests/workflows_api/): same nodes, same widget values, same links; and they fit the nodes' inputs."""
+(tests/workflows_api/): same nodes, same widget values, same links; and they fit the nodes' inputs. Their
+thumbnails leave the template browser's badge its corner, and the download cards say what the templates run."""
 
 import json
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from conftest import ROOT, load_pack
+from tools import thumbnail
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "tests" / "workflows_api"
@@ -155,3 +159,45 @@ def test_template_nodes_do_not_overlap(path):
     hits = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
             if a[1] < b[1] + b[3] and b[1] < a[1] + a[3] and a[2] < b[2] + b[4] and b[2] < a[2] + a[4]]
     assert not hits, hits
+
+
+@pytest.mark.parametrize("path", sorted(UI_DIR.glob("*.jpg")), ids=lambda p: p.stem)
+def test_thumbnail_leaves_the_badge_corner_plain(path):
+    """Frontend 1.58.1's template browser draws its "Node graph" badge over the top-left corner of every card's
+    thumbnail (tools/thumbnail.BADGE, from the card's classes): nothing of ours is drawn there, only the background
+    (a JPEG's few levels of noise allowed; text or an image there differs by 40 levels and more)."""
+    im = np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+    assert im.shape == (512, 512, 3)
+    x0, y0, x1, y1 = thumbnail.BADGE
+    diff = np.abs(im[y0:y1, x0:x1] - np.array(thumbnail.BACKGROUND, dtype=np.int16)).max(axis=2)
+    ys, xs = np.nonzero(diff > 6)
+    assert len(ys) == 0, f"{len(ys)} pixels drawn in the badge's corner, e.g. x {xs[0]}, y {ys[0]} off by {diff.max()}"
+
+
+def test_the_badge_corner_holds_the_badge_on_the_narrowest_card():
+    """The badge (99.5 x 24 CSS px at 8, 8 of the card's square top) over a thumbnail shown at its smallest,
+    224 px (a 15rem card less its p-2), in the 512 px thumbnail's pixels: inside BADGE, with a margin."""
+    scale = 512 / 224
+    x0, y0, x1, y1 = thumbnail.BADGE
+    assert (x0, y0) == (0, 0) and (8 + 99.5) * scale + 16 < x1 and (8 + 24) * scale + 8 < y1
+
+
+@pytest.mark.parametrize("name", thumbnail.download_templates())
+def test_the_download_card_says_what_the_template_runs(name):
+    """Each download card's title and panel labels are the template's decoders, left to right as its samplers
+    stand (read from the template, not written into the tool), and the card knows what the template needs and
+    which tiny twin draws its grid."""
+    ui = json.loads((UI_DIR / f"{name}.json").read_text())
+    api = json.loads((API_DIR / f"{name}.json").read_text())
+    samplers = sorted((n for n in ui["nodes"] if n["type"] == "SSDSampler"), key=lambda n: n["pos"][0])
+    decoders = tuple(api[str(n["id"])]["inputs"]["decoder"] for n in samplers)
+    spec = thumbnail.card_spec(name)
+    assert spec["labels"] == decoders and len(decoders) == 2
+    assert spec["title"][1] == " vs ".join(decoders) and name == f"SSD {spec['title'][0]} - {spec['title'][1]}"
+    assert spec["needs"] and spec["model"] in thumbnail.TWINS  # the download lines; the twin that draws the grid
+
+
+def test_every_download_template_has_a_card():
+    names = thumbnail.download_templates()
+    assert sorted(thumbnail.NEEDS) == names and "SSD Emu3 - ar vs ssd-exact" in names
+    assert not any(n.startswith("SSD Bundled") for n in names)
