@@ -36,7 +36,7 @@ bench-gpu: install
 	$(PY) -m tools.bench_gpu --json bench_gpu.json
 
 # TEST_WORKERS: pytest workers (each test file runs on one worker, so its fixtures load once): 2, one a core, take
-# ~10 minutes on 2 cores; 0 runs the suite in one process (~15). test-fast uses FAST_WORKERS.
+# 11.2 minutes on 2 quiet cores (f37eda3); 0 runs the suite in one process (~22: 1,300 s of tests). test-fast uses FAST_WORKERS.
 TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 test: install
