@@ -221,6 +221,7 @@ def pytest_collection_modifyitems(session, config, items):
     """Files in falling cost order (the order within a file kept): with `--dist loadfile --no-loadscope-reorder`
     the workers take the longest files first, so no long file starts last and ends alone."""
     def cost(item):
-        return COSTS.get(Path(item.path).resolve().relative_to(ROOT).as_posix(), NEW_FILE_COST)
+        path = Path(item.path).resolve()
+        return COSTS.get(path.relative_to(ROOT).as_posix(), NEW_FILE_COST) if path.is_relative_to(ROOT) else 0.0
 
     items.sort(key=lambda item: -cost(item))  # stable: a file's tests stay together and in order
