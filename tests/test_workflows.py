@@ -3,6 +3,7 @@
 thumbnails leave the template browser's badge its corner, and the download cards say what the templates run."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -195,6 +196,13 @@ def test_the_download_card_says_what_the_template_runs(name):
     assert spec["labels"] == decoders and len(decoders) == 2
     assert spec["title"][1] == " vs ".join(decoders) and name == f"SSD {spec['title'][0]} - {spec['title'][1]}"
     assert spec["needs"] and spec["model"] in thumbnail.TWINS  # the download lines; the twin that draws the grid
+    (heads,) = [n["inputs"]["heads"] for n in api.values() if n["class_type"] == "SSDLoadHeads"]
+    if heads == "none":  # the card asks for no heads file the template does not load
+        assert not any("ssd_heads" in line for line in spec["needs"]), spec["needs"]
+    note = next(n["widgets_values"][0] for n in ui["nodes"] if n["type"] == "MarkdownNote")
+    for extra in ("vqgan", "movqgan", "ibq"):  # a decoder file the user converts: on the card when in the note
+        named = re.compile(rf"(?<![\w]){extra}\.safetensors")
+        assert bool(named.search(note)) == any(named.search(line) for line in spec["needs"]), (extra, spec["needs"])
 
 
 def test_every_download_template_has_a_card():

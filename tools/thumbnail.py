@@ -45,18 +45,18 @@ BADGE = (0, 0, 272, 88)  # x0, y0, x1, y1 (x1, y1 exclusive): plain background, 
 
 # What each download card says the template needs, line by line (the download instructions, kept as they were).
 NEEDS = {
-    "SSD Emu3 - ar vs ssd-exact": ["needs models/ssd_models/Emu3-Gen-hf", "+ models/ssd_heads/emu3-gen.safetensors"],
+    "SSD Emu3 - ar vs ssd-exact": ["needs models/ssd_models/Emu3-Gen-hf", "no heads: ssd-exact drafts from the row above"],
     "SSD Emu3.5 - ar vs ssd-exact": ["needs models/ssd_models/Emu3.5-Image",
                                      "+ emu3.tiktoken, emu3_vision_tokens.txt", "+ ibq.safetensors (convert-ibq)"],
     "SSD Emu3.5 FlashAR - flashar vs ssd-exact": ["lxazjk/Emu3.5-Image-FlashAR (+ Emu3.5's tokenizer files)",
                                                   "ibq.safetensors: convert-ibq",
                                                   "weights: 68.0 / 38.1 / 23.6 GiB in bf16 / 8-bit / 4-bit"],
     "SSD Janus-Pro 7B - ar vs ssd-exact": ["needs models/ssd_models/Janus-Pro-7B",
-                                           "+ models/ssd_heads/janus-pro-7b.safetensors"],
+                                           "no heads: ssd-exact drafts from the row above"],
     "SSD Lumina-mGPT 2.0 - ar vs ssd-exact": ["needs models/ssd_models/Lumina-mGPT-2.0",
                                               "+ movqgan.safetensors (convert-movqgan)"],
     "SSD Lumina-mGPT 7B - ar vs ssd-exact": ["needs models/ssd_models/Lumina-mGPT-7B-768",
-                                             "+ models/ssd_heads/lumina-mgpt-7b-768.safetensors"],
+                                             "+ vqgan.safetensors (convert-vqgan)"],
 }
 # Each template's model folder -> its tiny random twin in the released layout (the builders of tests/released_*.py)
 # with the released model's default grid: (module, builder, keyword arguments, config.json keys to set).
