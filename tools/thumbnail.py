@@ -203,22 +203,13 @@ def download_templates() -> list[str]:
 
 
 def _pack_nodes():
-    """The pack's nodes as ComfyUI imports them, without ComfyUI (the tests' stand-in of comfy_api.latest)."""
-    import importlib
-    import importlib.util
+    """The pack's nodes as ComfyUI imports them, without ComfyUI: tests/conftest.py's load_pack (its import installs
+    the stand-in of comfy_api.latest)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    import conftest
 
-    for p in (str(ROOT), str(ROOT / "tests")):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    import comfy_stand_in
-
-    comfy_stand_in.install()
-    name = "comfyui_ssd_pack"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
-        sys.modules[name] = mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    return importlib.import_module(name + ".nodes")
+    return conftest.load_pack()
 
 
 def build_twin(model: str, models_dir: Path) -> Path:
