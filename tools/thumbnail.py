@@ -78,6 +78,13 @@ def _font(size: int):
         return ImageFont.load_default()
 
 
+def _fitted_px(draw: ImageDraw.ImageDraw, text: str, px: int, width: int, least: int) -> int:
+    """The font size for `text`: up to px, one px smaller at a time until it fits `width` or reaches `least`."""
+    while px > least and draw.textlength(text, font=_font(px)) > width:
+        px -= 1
+    return px
+
+
 def badge_box(size: int = 512) -> tuple[int, int, int, int]:
     """BADGE in the pixels of a `size` px thumbnail."""
     return tuple(round(v * size / 512) for v in BADGE)
@@ -92,9 +99,7 @@ def draw_title(draw: ImageDraw.ImageDraw, lines, size: int = 512, top: int = 16,
     right, left = size - round(16 * size / 512), x1 + round(8 * size / 512)
     y = round(top * size / 512)
     for i, line in enumerate(lines):
-        px = round(sizes[0 if i == 0 else 1] * size / 512)
-        while px > 8 and draw.textlength(line, font=_font(px)) > right - left:
-            px -= 1
+        px = _fitted_px(draw, line, round(sizes[0 if i == 0 else 1] * size / 512), right - left, 8)
         font = _font(px)
         width = draw.textlength(line, font=font)
         draw.text((right - width, y), line, fill=(235, 235, 235) if i == 0 else (200, 200, 200), font=font)
@@ -158,9 +163,7 @@ def download_card(title, needs: list[str], trace: dict, size: int = 512, left: d
         im.paste(_pixels(status_image(left, cell=4, color_by="step", gridlines=False), side), (24, top))
     im.paste(_pixels(status_image(trace, cell=4, gridlines=False), side), (268, top))
     for j, line in enumerate(needs):
-        font = _font(16)
-        while draw.textlength(line, font=font) > size - 2 * 24 and font.size > 10:
-            font = _font(font.size - 1)
+        font = _font(_fitted_px(draw, line, 16, size - 2 * 24, 10))
         draw.text((24, top + side + 16 + 24 * j), line, fill=(215, 215, 215), font=font)
     H, W = len(trace["status"]), len(trace["status"][0])
     whose = "the grids: runs" if left is not None else f"{labels[1].split(':')[0]}'s grid: a run"
