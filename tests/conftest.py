@@ -116,6 +116,28 @@ def run(model, **kw):
     return load_pack().SSDSampler().sample(model, **args)
 
 
+def ar_through(model, cell, **kw):
+    """ar's tokens [H, W] through `cell` (row, column) in reading order, -1 after it: the run is cancelled once that
+    cell is final (should_cancel, as ComfyUI's cancel button does). ar makes one cell a step, each final when made,
+    so these are the whole run's tokens there."""
+    import ssd_core
+    from ssd_core.errors import Cancelled
+
+    seen = {}
+
+    def done():
+        t = seen.get("tokens")
+        return t is not None and bool((t.flatten()[:cell[0] * t.shape[1] + cell[1] + 1] >= 0).all())
+
+    try:
+        ssd_core.generate(model, None, decoder="ar", decode_pixels=False, score=False, should_cancel=done,
+                          on_step=lambda p: seen.__setitem__("tokens", p.tokens.clone()), **kw)
+    except Cancelled:
+        pass
+    assert done()
+    return seen["tokens"]
+
+
 # ---- stand-ins for ComfyUI's modules ------------------------------------------------------------------------------
 class FakeComfy:
     def __init__(self):

@@ -6,17 +6,14 @@ CPU. Here it does not differ, but the cause is measurable: that cell is a near-t
 the rounding difference between a window forward and a one-slot forward."""
 import json
 import math
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import ssd_core
+from conftest import ar_through
 from ssd_core import exactness
-from ssd_core.errors import Cancelled
 from ssd_core.sampling import SamplerSettings, gumbel, guide, log_probs, settings_from
 from ssd_core.session import Session
 
@@ -50,32 +47,13 @@ def _decide(model, raw, slot, settings, shift=None):
     return int(top.indices[0]), float(top.values[0] - top.values[1])
 
 
-def _ar_through(model, cell, **kw):
-    """ar's tokens [H, W] through `cell` (row, column) in reading order, -1 after it: the run is cancelled once that
-    cell is final (should_cancel, as ComfyUI's cancel button does). ar makes one cell a step, each final when made,
-    so these are the whole run's tokens there."""
-    seen = {}
-
-    def done():
-        t = seen.get("tokens")
-        return t is not None and bool((t.flatten()[:cell[0] * t.shape[1] + cell[1] + 1] >= 0).all())
-
-    try:
-        ssd_core.generate(model, None, decoder="ar", decode_pixels=False, score=False, should_cancel=done,
-                          on_step=lambda p: seen.__setitem__("tokens", p.tokens.clone()), **kw)
-    except Cancelled:
-        pass
-    assert done()
-    return seen["tokens"]
-
-
 @pytest.fixture(scope="module")
 def issue(reference):
     """The issue's image by ar (24x24, the one ar run both tests below read, up to the near-tie's cell: all they
     read), its near-tie's slot, and the raw logits there from ar's context fed one slot at a time (ar's kernel
     width; 227 one-slot forwards, made once)."""
     model, _ = reference
-    ar = _ar_through(model, CELL, prompt=CLASS, seed=SEED)
+    ar = ar_through(model, CELL, prompt=CLASS, seed=SEED)
     layout = model.layout()
     r, c = CELL
     slot = int(layout.slot_of_cell[r * layout.grid[1] + c])
@@ -202,11 +180,11 @@ def test_sweep_flags_every_difference_in_bf16(tmp_path):
     cells: every image that differs from ar's was flagged at or before its first differing cell. At 6x6 (under
     half of 8x8's time): 9 of the 15 images differed here, 15% of the cells, and not every cell is a near-tie
     (at 8x8 every one was)."""
+    from tools import exact_sweep
+
     out = tmp_path / "sweep.json"
-    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "exact_sweep.py")
-    subprocess.run([sys.executable, tool, "--pairs", "1", "--dtype", "bf16", "--models", "reference", "--grid", "6x6",
-                    "--json", str(out)], check=True, timeout=600,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert exact_sweep.main(["--pairs", "1", "--dtype", "bf16", "--models", "reference", "--grid", "6x6",
+                             "--json", str(out)]) == 0  # in this process: no second torch import
     data = json.loads(out.read_text())
     pairs = data["pairs"]
     assert len(pairs) >= 15 and data["dtype"] == "bf16"
@@ -225,7 +203,7 @@ def test_the_sweeps_top_p_difference_is_flagged(reference):
     tie = ex.trace.exact["first_near_tie"]
     assert tie is not None and tuple(tie) <= (16, 18)
     # ar through (16, 18) only: a first difference after it is after the near-tie too
-    ar = _ar_through(model, (16, 18), **kw)
+    ar = ar_through(model, (16, 18), **kw)
     diff = ((ar != ex.tokens) & (ar >= 0)).nonzero()
     if len(diff):  # on this project's CPU it differs from (16, 18) on
         assert tuple(tie) <= tuple(int(v) for v in diff[0])
