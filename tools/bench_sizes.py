@@ -4,9 +4,9 @@ JSON, one plot of step ratio against grid side.
     python tools/bench_sizes.py --images 16 --json docs/bench_sizes.json --plot docs/bench_sizes.png
     make bench-sizes
 
-Each size is one `python -m ssd_core bench` run (a subprocess, so each gets a fresh process and its own
-timings): `reference` at 24x24, `reference-48` at 32x32 and at 48x48, with their bundled heads, the decoders'
-defaults and the same seeds. `steps / side` shows how the steps grow with the picture: `ar` takes side x side
+Each size is one `python -m ssd_core bench` run, in this process (one torch start for every size; the bench
+times each decoder's runs itself): `reference` at 24x24, `reference-48` at 32x32 and at 48x48, with their
+bundled heads, the decoders' defaults and the same seeds. `steps / side` shows how the steps grow with the picture: `ar` takes side x side
 steps, so its steps / side grows with the side; `ssd` and `ssd-exact` take about a constant number of steps a
 row, so theirs stays about flat.
 """
@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python tools/bench_sizes.py` from anywhere: the pack's ssd_core
 
 DECODERS = "ar,ssd,ssd-exact,ssd-exact:noheads,sjd,zipar"
 SIZES = (("reference", 24), ("reference-48", 32), ("reference-48", 48))
@@ -28,13 +30,16 @@ COLUMNS = ("decoder", "steps", "step_ratio", "wall_ratio", "nll_full_gap", "clas
 
 
 def run_size(model: str, side: int, images: int, seed: int, decoders: str, log) -> dict:
+    from ssd_core import cli  # here: --merge and the table need no torch
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
-        cmd = [sys.executable, "-m", "ssd_core", "bench", "--model", model, "--heads", model, "--grid",
-               f"{side}x{side}", "--decoders", decoders, "--images", str(images), "--seed", str(seed), "--json", out,
-               "--no-step-ops"]  # its table has no ops column: no extra run per row
-        log("$ " + " ".join(cmd[1:]))
-        subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
+        argv = ["bench", "--model", model, "--heads", model, "--grid", f"{side}x{side}", "--decoders", decoders,
+                "--images", str(images), "--seed", str(seed), "--json", out,
+                "--no-step-ops"]  # its table has no ops column: no extra run per row
+        log("$ python -m ssd_core " + " ".join(argv))
+        if cli.main(argv) != 0:
+            raise SystemExit(f"the bench of {model} at {side}x{side} failed (its error is above)")
         report = json.load(open(out))
     return {"model": model, "side": side, "grid": [side, side], "images": images, "rows": report["rows"],
             "yardstick": report.get("yardstick"), "settings": report.get("settings")}
