@@ -1,7 +1,8 @@
 # make demo: the bundled model, 4 images with ar / ssd / ssd-exact: a sample sheet and a table in demo_out/ (minutes);
 #   DEMO_MODEL=reference-48 for the 48x48-token model.
 # make bench-sizes: every decoder at 24x24, 32x32 and 48x48 (the bundled models): table, JSON and plot in bench_out/.
-# make bench: the bench of record (every decoder at its defaults, ssd also with the paper's first-row rule; 16 images) into bench_out/.
+# make bench: the bench of record at 24x24 (every decoder and peer at its defaults, ssd also with the paper's first-row rule;
+#   33 images from seed 5000, none tuned on) into bench_out/; make bench-48: the same at 48x48 (16 images, the leading rows).
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, gpu-memory, bench-gpu) into .work/gpu_check.json.
 # make test: the whole test suite (the command CI runs); make test-fast: its fast tier (under 3 minutes).
@@ -12,8 +13,9 @@ PY := $(VENV)/bin/python
 DEMO_IMAGES ?= 4
 DEMO_MODEL ?= reference
 BENCH_IMAGES ?= 16
+RECORD_SEED ?= 5000
 
-.PHONY: install demo bench bench-sizes bench-gpu test test-fast test-engine-457 test-host heads weights-table gpu-memory gpu-check
+.PHONY: install demo bench bench-48 bench-sizes bench-gpu test test-fast test-engine-457 test-host heads weights-table gpu-memory gpu-check
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +28,13 @@ demo: install
 	$(PY) -m ssd_core.demo --model $(DEMO_MODEL) --images $(DEMO_IMAGES) --out-dir demo_out
 
 bench: install
-	$(PY) -m ssd_core bench --model reference --heads reference --decoders ar,ssd,ssd-exact,ssd-exact@3,ssd-exact@3:noheads,sjd,zipar --ssd-first-row 1,2 \
-		--images $(BENCH_IMAGES) --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
+	$(PY) -m ssd_core bench --model reference --heads reference \
+		--decoders ar,ssd,ssd-exact,ssd-exact@3,ssd-exact@3:noheads,ssd-exact@4,sjd,zipar,scd,sjd-pac,gsd --ssd-first-row 1,2 \
+		--seed $(RECORD_SEED) --images 33 --out-dir bench_out --json bench_out/bench.json --plot bench_out/tradeoff.png
+
+bench-48: install
+	$(PY) -m ssd_core bench --model reference-48 --heads reference-48 --decoders ar,ssd,ssd-exact@3,sjd-pac \
+		--seed $(RECORD_SEED) --images 16 --no-step-ops --json bench_out/bench48.json
 
 bench-sizes: install
 	$(PY) tools/bench_sizes.py --images $(BENCH_IMAGES) --json bench_out/bench_sizes.json --plot bench_out/bench_sizes.png

@@ -30,13 +30,17 @@ def test_results_table_is_the_bench_of_record():
 
 def test_headline_figures_come_from_the_bench_of_record():
     rows = {r["decoder"]: r for r in json.loads((ROOT / "docs" / "bench_reference.json").read_text())["rows"]}
+    rows48 = {r["decoder"]: r for r in json.loads((ROOT / "docs" / "bench_reference48.json").read_text())["rows"]}
     intro = README[:README.index("## Results")]
-    assert f"up to {round(rows['ssd-exact@3']['step_ratio'])}x fewer model steps" in intro  # 3 rows: the fewest
+    fewest = max(rows[k]["step_ratio"] for k in ("ssd-exact@3", "ssd-exact@4"))  # its widest rows, with heads
+    assert f"up to {round(fewest)}x fewer model steps at 24x24 tokens and {round(rows48['ssd-exact@3']['step_ratio'])}x at 48x48" in intro
+    assert all(rows48[k]["identical_to_ar"] is True for k in ("ssd-exact@3",))
     default = rows["ssd-exact"]  # what the default picked on the bench's CPU
     assert f"{default['step_ratio']:.1f}x fewer steps, {default['wall_ratio']:.1f}x less time" in intro
     assert default["params"]["draft_rows_picked"] == 1 and "guesses one row" in intro
     assert f"`ssd` goes further ({rows['ssd f=2']['step_ratio']:.1f}x)" in intro
-    assert rows["ssd-exact"]["identical_to_ar"] is True  # "the very same picture"
+    # "the very same picture", but for a near-tie that rounding decides (one image of 33: its stats line says so)
+    assert rows["ssd-exact"]["same_cells_as_ar"] >= 0.99 and "rounding could flip it" in intro
 
 
 def test_readme_is_short_and_its_docs_exist():

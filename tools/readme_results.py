@@ -1,7 +1,8 @@
-"""The README's results table, made from the committed bench of record (docs/bench_reference.json).
+"""The README's results tables, made from the committed benches of record (docs/bench_reference.json at 24x24,
+docs/bench_reference48.json at 48x48).
 
-    python tools/readme_results.py            # print the table
-    python tools/readme_results.py --write    # put it into README.md between its markers
+    python tools/readme_results.py            # print the tables
+    python tools/readme_results.py --write    # put them into README.md between its markers
 tests/test_readme.py fails when README.md and the JSON disagree."""
 from __future__ import annotations
 
@@ -11,24 +12,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "docs" / "bench_reference.json"
+BENCH48 = ROOT / "docs" / "bench_reference48.json"
 START, END = "<!-- results:start (tools/readme_results.py) -->", "<!-- results:end -->"
 ROWS = {  # bench row -> what the README calls it ("{picked}": what ssd-exact's default picked on the bench's device)
     "ar": "`ar` (plain AR, the reference)",
     "ssd-exact": "`ssd-exact` (the default; here it picked {picked})",
-    "ssd-exact@3": "`ssd-exact`, 3 rows with heads (the fewest steps)",
+    "ssd-exact@3": "`ssd-exact`, 3 rows with heads",
+    "ssd-exact@4": "`ssd-exact`, 4 rows with heads",
     "ssd-exact@3:noheads": "`ssd-exact`, 3 rows without heads",
     "ssd f=2": "`ssd`",
-    "sjd": "`sjd` (peer)",
-    "zipar": "`zipar` (peer)",
+    "ssd": "`ssd`",
+    "sjd-pac": "`sjd-pac` (peer, lossless)",
+    "scd": "`scd` (peer, lossless)",
+    "sjd": "`sjd` (peer, lossless)",
+    "gsd": "`gsd` (peer, lossy)",
+    "zipar": "`zipar` (peer, lossy)",
 }
 
 
 def table(report: dict) -> str:
+    """One row per decoder of ROWS the report has, in ROWS' order."""
     rows = {r["decoder"]: r for r in report["rows"]}
     out = ["| decoder | model steps | fewer steps than `ar` | less time than `ar` (CPU) | quality: NLL vs `ar` | "
            "class accuracy | same image as `ar` |", "|---|---:|---:|---:|---:|---:|---|"]
-    for key, name in ROWS.items():
-        r = rows[key]
+    names = [key for key in ROWS if key in rows and not (key == "ssd" and "ssd f=2" in rows)]
+    for key in names:
+        r, name = rows[key], ROWS[key]
         p = r.get("params", {})
         if "draft_rows_picked" in p:
             n = p["draft_rows_picked"]
@@ -36,15 +45,23 @@ def table(report: dict) -> str:
         same = "yes" if r["identical_to_ar"] else f"no ({r['same_cells_as_ar'] * 100:.0f}% of cells)"
         out.append(f"| {name} | {r['steps']:g} | {r['step_ratio']:.1f}x | {r['wall_ratio']:.2f}x | "
                    f"{'-' if r['nll_full_gap'] is None else format(r['nll_full_gap'] * 100, '+.1f') + '%'} | {r['class_acc'] * 100:.0f}% | {same} |")
-    grid = "x".join(str(v) for v in report["grid"])
-    out.append("")
-    out.append(f"The bundled model, {report['images']} images of {grid} tokens, medians (`make bench`; "
-               "docs/bench.md has every column and how to reproduce it).")
     return "\n".join(out)
 
 
+def note(report: dict, model: str, make: str) -> str:
+    grid = "x".join(str(v) for v in report["grid"])
+    seeds = report.get("settings", {}).get("seed", 0)
+    return (f"{model}, {report['images']} images of {grid} tokens (seeds {seeds}-{seeds + report['images'] - 1}, "
+            f"none tuned on), medians (`{make}`; docs/bench.md has every column and how to reproduce it).")
+
+
 def current() -> str:
-    return table(json.loads(BENCH.read_text()))
+    small = json.loads(BENCH.read_text())
+    parts = [table(small), "", note(small, "The bundled model", "make bench")]
+    if BENCH48.is_file():
+        big = json.loads(BENCH48.read_text())
+        parts += ["", table(big), "", note(big, "The bundled 48x48 model (`reference-48`)", "make bench-48")]
+    return "\n".join(parts)
 
 
 def in_readme(text: str) -> str:
