@@ -6,9 +6,9 @@ JSON, one plot of step ratio against grid side.
 
 Each size is one `python -m ssd_core bench` run, in this process (one torch start for every size; the bench
 times each decoder's runs itself): `reference` at 24x24, `reference-48` at 32x32 and at 48x48, with their
-bundled heads, the decoders' defaults and the same seeds. `steps / side` shows how the steps grow with the picture: `ar` takes side x side
-steps, so its steps / side grows with the side; `ssd` and `ssd-exact` take about a constant number of steps a
-row, so theirs stays about flat.
+bundled heads, the decoders' defaults and the same seeds. `steps / side` shows how the steps grow with the
+picture: `ar` takes side x side steps, so its steps / side grows with the side; `ssd` and `ssd-exact` take about
+a constant number of steps a row, so theirs stays about flat.
 """
 from __future__ import annotations
 

@@ -50,9 +50,9 @@ def table(report: dict) -> str:
 
 def note(report: dict, model: str, make: str) -> str:
     grid = "x".join(str(v) for v in report["grid"])
-    seeds = report.get("settings", {}).get("seed", 0)
-    return (f"{model}, {report['images']} images of {grid} tokens (seeds {seeds}-{seeds + report['images'] - 1}, "
-            f"none tuned on), medians (`{make}`; docs/bench.md has every column and how to reproduce it).")
+    seed = report.get("settings", {}).get("seed", 0)
+    return (f"{model}, {report['images']} images of {grid} tokens (seeds {seed}-{seed + report['images'] - 1}), "
+            f"medians (`{make}`; docs/bench.md has every column and how to reproduce it).")
 
 
 def current() -> str:
