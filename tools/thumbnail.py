@@ -173,11 +173,22 @@ def download_card(title, needs: list[str], trace: dict, size: int = 512, left: d
 
 
 # ---- the download cards, from the templates ---------------------------------------------------------------------
+def _api_copy(name: str) -> dict:
+    """Template `name` in API format (tests/workflows_api/, which test_workflows keeps equal to the UI file)."""
+    return json.loads((API_COPIES / f"{name}.json").read_text())
+
+
+def _tests_importable() -> None:
+    """tests/ on sys.path: its conftest (load_pack) and the released-layout builders are imported from there."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+
+
 def template_samplers(name: str) -> list[tuple[str, dict]]:
     """A template's SSD Sampler nodes left to right as the canvas shows them (the UI file's positions), each as
     (node id, its inputs by name from the API copy in tests/workflows_api/, which test_workflows keeps equal)."""
     ui = json.loads((TEMPLATES / f"{name}.json").read_text())
-    api = json.loads((API_COPIES / f"{name}.json").read_text())
+    api = _api_copy(name)
     nodes = sorted((n for n in ui["nodes"] if n["type"] == "SSDSampler"), key=lambda n: (n["pos"][0], n["pos"][1]))
     return [(str(n["id"]), api[str(n["id"])]["inputs"]) for n in nodes]
 
@@ -194,7 +205,7 @@ def card_spec(name: str) -> dict:
     decoders = template_decoders(name)
     if len(decoders) != 2:
         raise ValueError(f"{name}: a download card shows two samplers, the template has {decoders}")
-    api = json.loads((API_COPIES / f"{name}.json").read_text())
+    api = _api_copy(name)
     (model,) = [n["inputs"]["model"] for n in api.values() if n["class_type"] == "SSDLoadModel"]
     shown = name.removeprefix("SSD ").split(" - ")[0]
     return {"title": (shown, " vs ".join(decoders)), "labels": decoders, "needs": NEEDS[name], "model": model}
@@ -208,8 +219,7 @@ def download_templates() -> list[str]:
 def _pack_nodes():
     """The pack's nodes as ComfyUI imports them, without ComfyUI: tests/conftest.py's load_pack (its import installs
     the stand-in of comfy_api.latest)."""
-    if str(ROOT / "tests") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tests"))
+    _tests_importable()
     import conftest
 
     return conftest.load_pack()
@@ -220,8 +230,7 @@ def build_twin(model: str, models_dir: Path) -> Path:
     import importlib
 
     module, builder, kwargs, config = TWINS[model]
-    if str(ROOT / "tests") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tests"))
+    _tests_importable()
     folder = getattr(importlib.import_module(module), builder)(models_dir / model, **kwargs)
     if config:
         cfg = json.loads((folder / "config.json").read_text())
@@ -246,7 +255,7 @@ def card(name: str, models_dir: Path) -> Image.Image:
         build_twin(spec["model"], models_dir)
     os.environ["SSD_MODELS_DIR"] = str(models_dir)
     nodes = _pack_nodes()
-    api = json.loads((API_COPIES / f"{name}.json").read_text())
+    api = _api_copy(name)
     (load,) = [n["inputs"] for n in api.values() if n["class_type"] == "SSDLoadModel"]
     (heads,) = [n["inputs"] for n in api.values() if n["class_type"] == "SSDLoadHeads"]
     torch.set_num_threads(1)
