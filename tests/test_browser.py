@@ -175,6 +175,13 @@ def test_loaded_from_the_template_browser(browser_run):
     assert browser_run["loadedBy"] == "template browser", browser_run.get("templateBrowserError")
 
 
+def test_the_bundled_template_is_the_first_card(browser_run):
+    """The template browser's first card of the pack is the bundled 24x24 model's, the one that runs at once, on every
+    frontend: ComfyUI lists the files in directory order, which the pack puts in name order (nodes/_routes.py)."""
+    order = browser_run["templateOrder"]
+    assert len(order) == 8 and order[0] == "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd", order
+
+
 def test_batch_selector_shows_every_image(browser_run):
     before, after = browser_run["batchBefore"], browser_run["batchAfter"]
     assert before["shown"] and before["images"] == 3 and before["label"].startswith("image 1 of 3")

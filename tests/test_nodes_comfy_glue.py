@@ -111,3 +111,37 @@ def test_the_loader_keeps_ssd_exacts_costs_in_comfyuis_user_directory(tmp_path, 
         assert folders_glue.calibration_file() is None  # the user's own file wins
     finally:
         cal.path = None  # the next test's loads get ComfyUI's file (or none) again
+
+
+# ---- the template browser's order ------------------------------------------------------------------------------
+def test_the_template_list_puts_the_packs_templates_in_name_order():
+    """GET /workflow_templates lists each pack's templates in directory order (ComfyUI globs them; Janus-Pro 7B came
+    first on this machine's ext4). The pack's middleware sorts its own list by name, ignoring case, and leaves
+    every other pack's list and every other route as they were (the real server: tests/test_comfyui.py)."""
+    import asyncio
+
+    routes_glue = pack_module("nodes._routes")
+
+    class Response:  # aiohttp.web.Response's part the middleware reads
+        def __init__(self, data, content_type="application/json"):
+            self.body, self.content_type = json.dumps(data).encode(), content_type
+
+    web = types.SimpleNamespace(middleware=lambda f: f, json_response=Response)
+    order = routes_glue.own_templates_in_order(web)
+    ours = routes_glue.PACK_FOLDER
+    listed = {ours: ["SSD Janus-Pro 7B - ar vs ssd-exact", "SSD Bundled 24x24 model - ar vs ssd-exact vs ssd",
+                     "SSD bundled 48x48", "SSD Emu3 - ar vs ssd-exact"], "other-pack": ["b", "a"]}
+
+    def get(path, data=listed, method="GET"):
+        request = types.SimpleNamespace(method=method, path=path)
+
+        async def handler(_):
+            return Response(data)
+        return json.loads(asyncio.run(order(request, handler)).body)
+
+    for path in ("/workflow_templates", "/api/workflow_templates"):
+        assert get(path) == {ours: ["SSD Bundled 24x24 model - ar vs ssd-exact vs ssd", "SSD bundled 48x48",
+                                    "SSD Emu3 - ar vs ssd-exact", "SSD Janus-Pro 7B - ar vs ssd-exact"],
+                             "other-pack": ["b", "a"]}
+    assert get("/api/other") == listed and get("/workflow_templates", method="POST") == listed
+    assert get("/workflow_templates", {"other-pack": ["b", "a"]}) == {"other-pack": ["b", "a"]}

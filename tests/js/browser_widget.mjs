@@ -161,6 +161,15 @@ try {
     await card.waitFor({ timeout: 30000 });
     await page.waitForTimeout(1500); // thumbnails
     await page.screenshot({ path: join(OUT, "template_browser.png") });
+    // the pack's cards in the order the dialog shows them (top to bottom, left to right): the first is what a new
+    // user sees first
+    result.templateOrder = await dialog.evaluate((root) => {
+      const cards = [...root.querySelectorAll("*")].filter(
+        (e) => e.children.length === 0 && /^SSD .+ - .+ vs .+$/.test(e.textContent.trim()));
+      const at = (e) => e.getBoundingClientRect();
+      return cards.sort((a, b) => at(a).y - at(b).y || at(a).x - at(b).x).map((e) => e.textContent.trim())
+        .filter((name, i, all) => all.indexOf(name) === i);
+    });
     await card.click();
     await page.waitForFunction(() => window.app.graph.getNodeById(4)?.type === "SSDSampler", null, { timeout: 30000 });
     result.loadedBy = "template browser";
