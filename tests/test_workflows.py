@@ -176,11 +176,14 @@ def test_thumbnail_leaves_the_badge_corner_plain(path):
 
 
 def test_the_badge_corner_holds_the_badge_on_the_narrowest_card():
-    """The badge (99.5 x 24 CSS px at 8, 8 of the card's square top) over a thumbnail shown at its smallest,
-    224 px (a 15rem card less its p-2), in the 512 px thumbnail's pixels: inside BADGE, with a margin."""
+    """The badge (24 CSS px high at 8, 8 of the card's square top; 99.5 px wide in English, 123 in Italian, the
+    widest locale) over a thumbnail shown at its smallest, 224 px (a 15rem card less its p-2), in the 512 px
+    thumbnail's pixels: inside BADGE, with a margin, in every locale."""
     scale = 512 / 224
     x0, y0, x1, y1 = thumbnail.BADGE
-    assert (x0, y0) == (0, 0) and (8 + 99.5) * scale + 16 < x1 and (8 + 24) * scale + 8 < y1
+    assert (x0, y0) == (0, 0) and (8 + 24) * scale + 8 < y1
+    for locale, width in thumbnail.BADGE_WIDTHS.items():
+        assert (8 + width) * scale + 16 < x1, locale
 
 
 @pytest.mark.parametrize("name", thumbnail.download_templates())

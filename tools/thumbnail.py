@@ -39,9 +39,11 @@ BACKGROUND = (24, 24, 24)
 # `relative p-0 overflow-hidden aspect-square`, as wide as the card (grid `minmax(15rem,1fr)`) less its `p-2`, so
 # at least 224 px; the thumbnail in it is `max-w-full max-h-64 object-contain`, centred: min(side, 256) px square.
 # The worst case, a 224 px card top, shows the 512 px thumbnail at 224 px (x 2.29): the badge covers x 18-246,
-# y 18-73 of it (at the usual 256 px, x 2: 16-215, 16-64; the longest translation, Italian "Grafico dei nodi",
-# 123 px wide, reaches x 262 there). BADGE is that worst case with a margin, in a 512 px thumbnail's pixels.
-BADGE = (0, 0, 272, 88)  # x0, y0, x1, y1 (x1, y1 exclusive): plain background, nothing drawn
+# y 18-73 of it (at the usual 256 px, x 2: 16-215, 16-64). Translated, the label is longer: measured in the 15
+# locales of 1.58.1, French "Graphe de nœuds" is the widest (135 px: x 18-327 on the 224 px card), then Italian
+# (123 px). BADGE is that worst case with a margin, in a 512 px thumbnail's pixels.
+BADGE = (0, 0, 344, 88)  # x0, y0, x1, y1 (x1, y1 exclusive): plain background, nothing drawn
+BADGE_WIDTHS = {"en": 99.5, "it": 123.0, "fr": 135.2}  # CSS px: the badge in Chromium in English, Italian and French, the widest of its 15 locales
 
 # What each download card says the template needs, line by line (the download instructions, kept as they were).
 NEEDS = {
@@ -128,7 +130,7 @@ def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size
     im = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(im)
     H, W = model.grid_options()[0]
-    top = draw_title(draw, ["Bundled model", f'{H}x{W} tokens, "{prompt}"'])
+    top = draw_title(draw, ["Bundled model", f'{H}x{W}, "{prompt}"'])
     side, gap, left = 152, 12, 16
     y = max(top, badge_box(size)[3]) + 6  # 94: below the badge's band
     for i, d in enumerate(DECODERS):
