@@ -36,6 +36,12 @@ class Observer:
     def heads_end(self) -> None:
         pass
 
+    def graph_begin(self, compiled: bool) -> None:
+        """The base model's own layers start inside a forward (static_cache: compiled, a graph launch; or eager)."""
+
+    def graph_end(self, compiled: bool) -> None:
+        pass
+
 
 class Observers(Observer):
     """Several observers as one: begins in their order, ends in the reverse order (a counter that switches a
@@ -68,8 +74,19 @@ class Observers(Observer):
         for o in reversed(self.observers):
             o.heads_end()
 
+    def graph_begin(self, compiled: bool) -> None:
+        for o in self.observers:
+            o.graph_begin(compiled)
+
+    def graph_end(self, compiled: bool) -> None:
+        for o in reversed(self.observers):
+            o.graph_end(compiled)
+
     def forward(self, kind: str):
         return _span(self.forward_begin, self.forward_end, kind)
+
+    def graph(self, compiled: bool):
+        return _span(self.graph_begin, self.graph_end, compiled)
 
     def step(self):
         return _span(self.step_begin, self.step_end)

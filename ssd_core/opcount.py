@@ -30,9 +30,11 @@ class OpCounter(TorchDispatchMode, Observer):
     begin, ssd-exact's one-time calibration and exactness probe, the finalize forward, the traces, the scoring)
     is no step's overhead and is not counted."""
 
-    def __init__(self, active: bool = True):
+    def __init__(self, active: bool = True, graphs: bool = False):
         super().__init__()
         self.active = active
+        self.graphs = graphs  # the compiled view: a forward's own eager work counts too, its graph call as 1 op
+        self.graph_calls = 0  # compiled graph launches counted (the compiled view)
         self.ops: Counter = Counter()  # op name -> launches while active
         self.float64: Counter = Counter()  # op name -> launches with a float64 input or output
         self.steps = 0  # the steps' base-model forwards
@@ -61,14 +63,35 @@ class OpCounter(TorchDispatchMode, Observer):
         self.in_step = self.active = False
 
     def forward_begin(self, kind: str) -> None:
+        if self.graphs and kind == "step":  # the compiled view: only the model's own layers (graph_begin) are off
+            return
+        self._off()
+
+    def forward_end(self, kind: str) -> None:
+        self.steps += kind == "step"
+        if self.graphs and kind == "step":
+            return
+        self._on()
+
+    def graph_begin(self, compiled: bool) -> None:
+        if self.graphs and self.in_step:
+            if compiled:  # what runs on the device as one launch (a CUDA graph's replay)
+                self.ops["graph launch"] += 1
+                self.graph_calls += 1
+            self._off()
+
+    def graph_end(self, compiled: bool) -> None:
+        if self.graphs and self.in_step:
+            self._on()
+
+    def _off(self) -> None:
         self.active = False
         off = _disable_current_modes()  # the base model runs without any dispatch mode
         off.__enter__()
         self._forward_off.append(off)
 
-    def forward_end(self, kind: str) -> None:
+    def _on(self) -> None:
         self._forward_off.pop().__exit__(None, None, None)
-        self.steps += kind == "step"
         self.active = self.in_step
 
     def heads_begin(self) -> None:
@@ -91,10 +114,14 @@ class OpCounter(TorchDispatchMode, Observer):
 
 
 @contextlib.contextmanager
-def count_ops():
+def count_ops(graphs: bool = False):
     """with count_ops() as c: generate(...) -> c.per_step(), c.ops, c.float64, c.head_total, c.steps: the ops of
     the steps of every generation this thread runs inside the block, outside the base model's forwards (those
-    inside the heads' networks also counted apart)."""
-    counter = OpCounter(active=False)
+    inside the heads' networks also counted apart).
+
+    graphs: the compiled view (a model loaded with compile 'static' or 'compiled'): every op a step runs eagerly,
+    the forward's own preparation (embedding, masks) included, only the model's layers left out; each call of a
+    compiled graph counts as one op ("graph launch"), what a CUDA graph replay costs."""
+    counter = OpCounter(active=False, graphs=graphs)
     with observing(counter), counter:
         yield counter

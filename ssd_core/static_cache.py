@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import SSDError
+from .observer import Observers, ambient
 from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
@@ -331,8 +332,10 @@ class StaticSession(KVSession):
                 spare = self.rows - self.batch  # rows of images that left: row 0 again keeps the compiled shape
                 if spare:
                     embeds, mask, pos = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (embeds, mask, pos))
-                return self._compiled(embeds, mask[:, None], pos, cache_positions)[:self.batch].clone()
-            with _live_rows(self.cache, self.batch):
+                with Observers(ambient()).graph(True):  # one graph launch (opcount's compiled view)
+                    out = self._compiled(embeds, mask[:, None], pos, cache_positions)
+                return out[:self.batch].clone()
+            with _live_rows(self.cache, self.batch), Observers(ambient()).graph(False):
                 return self._eager(embeds, mask[:, None], pos, cache_positions)
 
     def _allowed(self, width: int, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:

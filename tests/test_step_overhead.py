@@ -200,3 +200,35 @@ def test_count_ops_counts_this_threads_steps_only_and_no_calibration(bundled, mo
     # the calibration's own ops and forwards would be thousands; one host read may move: the layout's row stride
     # (a cached property) is first read by the calibration when it measures, else in the first step
     assert counted[0][0] == counted[1][0] == r.trace.steps and abs(counted[0][1] - counted[1][1]) <= 1
+
+
+def test_the_compiled_view_counts_a_forwards_preparation_and_one_launch_a_graph():
+    """count_ops(graphs=True), issue 38's yardstick for the compiled path: on a model whose steps run a compiled
+    graph (here dynamo's capture with the eager backend: the same calls, no inductor build), every op a step runs
+    eagerly counts, the forward's own preparation (embedding, masks, cache positions) included, and each graph call
+    counts one launch; the static cache run eagerly (compile 'static') counts the same preparation, no launch and
+    none of the model's layers. The tokens are the same in every view."""
+    from ssd_core import static_cache
+
+    kw = dict(prompt=2, seed=4, grid=(6, 6), decoder="ar", decode_pixels=False, score=False)
+    plain = ssd_core.load_model("reference")
+    with count_ops() as hidden:
+        ref = ssd_core.generate(plain, None, **kw)
+    counted = {}
+    for mode in ("static", "compiled"):
+        model = static_cache.enable(ssd_core.load_model("reference"), mode, backend="eager")
+        ssd_core.generate(model, None, **kw)  # the capture, before counting
+        with count_ops(graphs=True) as ops:
+            r = ssd_core.generate(model, None, **kw)
+        assert torch.equal(r.tokens, ref.tokens)
+        counted[mode] = ops
+    compiled, static = counted["compiled"], counted["static"]
+    print(f"ar at 6x6, ops a step: {hidden.per_step():.1f} outside the forward, {static.per_step():.1f} static cache "
+          f"eager, {compiled.per_step():.1f} compiled ({compiled.graph_calls} launches)")
+    assert compiled.steps == static.steps == hidden.steps == ref.trace.steps
+    assert compiled.graph_calls == compiled.steps and compiled.ops["graph launch"] == compiled.steps
+    assert static.graph_calls == 0 and "graph launch" not in static.ops
+    # the preparation is counted on top of what the default view saw; the 2-layer model's own ops (mm, attention,
+    # ~40 a layer) are not: the views differ by the preparation (and the launch) only
+    assert hidden.per_step() + 10 < static.per_step() < hidden.per_step() + 60, (hidden.per_step(), static.per_step())
+    assert abs(compiled.per_step() - static.per_step() - 1) < 3, (compiled.per_step(), static.per_step())
