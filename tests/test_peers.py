@@ -253,3 +253,16 @@ def test_gsd_accepts_a_token_inside_a_likely_group_and_rejects_one_outside():
     sharp = logits.log_softmax(-1)[None]
     members, inside = group(sharp, torch.tensor([26]), embed)
     assert 31 not in members[0][inside[0]].tolist() and 30 in members[0][inside[0]].tolist()
+
+
+def test_the_distribution_tool_scores_each_peers_own_images_against_ars(bundled):
+    """tools/peer_distribution.py (docs/bench.md's check that the peers' nll_full spread is ar's): its values are the
+    traces' own nll_full for the seeds it names, and each peer gets its tests against ar's values."""
+    from tools import peer_distribution
+
+    model, _ = bundled
+    out = peer_distribution.main(["--decoders", "scd", "--images", "3", "--grid", "4x4", "--seed", "11"])
+    alone = ssd_core.generate(model, None, prompt=0, seed=12, decoder="scd", grid=(4, 4), decode_pixels=False)
+    assert out["rows"]["scd"]["values"][1] == round(alone.trace.nll_full, 5)
+    assert list(out["rows"]) == ["ar", "scd"] and "ks_p" not in out["rows"]["ar"]
+    assert all(0 <= out["rows"]["scd"][k] <= 1 for k in ("ks_p", "mann_whitney_p", "levene_p"))
