@@ -268,3 +268,13 @@ def test_the_template_lays_out_cleanly_after_a_run(browser_run):
     scale, (ox, oy) = layout["scale"], layout["offset"]
     outside = [(n["id"], n["type"]) for n in layout["nodes"] if (n["x"] + ox) * scale < 0 or (n["y"] + oy) * scale < 0]
     assert not outside, outside
+
+
+def test_the_stats_fit_their_boxes(browser_run):
+    """Each sampler's stats (two lines in the PreviewAny box the template puts under it) show whole, without a
+    scrollbar, on both frontends."""
+    boxes = browser_run["statsBoxes"]
+    assert len(boxes) == 3 and not any(b.get("missing") for b in boxes), boxes
+    for b in boxes:
+        assert "model steps" in b["text"], b
+        assert b["scrollHeight"] <= b["clientHeight"] + 1 and b["scrollWidth"] <= b["clientWidth"] + 1, b

@@ -218,6 +218,18 @@ try {
     };
   });
 
+  // the stats boxes (PreviewAny 9-11 under the samplers): their text and whether it fits without a scrollbar
+  await page.waitForTimeout(400);
+  result.statsBoxes = await page.evaluate(() => [9, 10, 11].map((id) => {
+    const node = window.app.graph.getNodeById(id);
+    const boxes = [...document.querySelectorAll("textarea")].filter((t) => t.value.includes("model steps"));
+    const own = (node?.widgets ?? []).map((w) => w.inputEl ?? w.element).find((e) => e?.tagName === "TEXTAREA");
+    const box = own ?? boxes[[9, 10, 11].indexOf(id)];
+    if (!box) return { id, missing: true, textareas: boxes.length };
+    return { id, text: box.value, scrollHeight: box.scrollHeight, clientHeight: box.clientHeight,
+      scrollWidth: box.scrollWidth, clientWidth: box.clientWidth, overflowY: getComputedStyle(box).overflowY };
+  }));
+
   step("hover");
   const ssd = result.after["4"];
   if (ssd.layout && ssd.layout.cell > 0) {
