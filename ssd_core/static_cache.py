@@ -233,6 +233,8 @@ def _step_function(model, cache, backend: str | None):
     takes_position = "cache_position" in inspect.signature(model.backbone().forward).parameters
 
     def step(embeds, mask, positions, cache_positions):
+        for counter in _length_counters(cache):  # transformers 5's write positions, set inside the graph
+            counter.copy_(cache_positions[0])
         extra = {"cache_position": cache_positions} if takes_position else {}
         out = twin(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
                    **{kw: cache}, **extra)
@@ -260,13 +262,19 @@ def _may_compile(opts: StaticOptions, key: tuple[int, int]) -> bool:
     return False
 
 
+def _length_counters(cache) -> list[torch.Tensor]:
+    """The layers' write positions that are tensors (transformers 5's StaticCache; 4.57 takes cache_position): the
+    step sets them from its cache positions, inside the compiled graph (one op a layer outside it otherwise, 30 on a
+    7B model). Read at every call: a layer's first write replaces its counter (moved to the cache's device)."""
+    return [layer.cumulative_length for layer in getattr(cache, "layers", [])
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+
 def _set_length(cache, length: int) -> None:
-    """Put the write position of every layer at `length` (transformers 5 keeps it in the cache)."""
+    """Put the write position of every layer whose counter is no tensor at `length` (the step sets the tensors)."""
     for layer in getattr(cache, "layers", []):
         counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.fill_(length)
-        elif counter is not None:
+        if counter is not None and not isinstance(counter, torch.Tensor):
             layer.cumulative_length = length
 
 
