@@ -103,6 +103,7 @@ class KVSession:
         self.real_len = self.prompt_mask.long().sum(1)  # [B] real prompt tokens per row
         self.held_host = [0] * self.batch  # [B] slots whose keys each row holds, as host numbers (read without a tensor op)
         self.cached = 0  # slot columns in the cache: the most slots any row holds
+        self._ramps: dict[int, torch.Tensor] = {}  # width -> arange(width) on the device, made once (ramp)
         pos = (self.prompt_mask.long().cumsum(1) - 1).clamp(min=0)
         self.last_features = self._prefill(prompt.ids.to(dev), pos)[:, -1]  # [B, d]: features predicting slot 0
 
@@ -158,11 +159,17 @@ class KVSession:
     def _positions(self, held: torch.Tensor, width: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """[B, width] position ids of a feed: each row's slots from its own held count, after its real prompt;
         offsets ([n] or [B, n], n <= width): the fed tokens' own, from the held count (the padding's: slot order)."""
-        steps = torch.arange(width, device=held.device)[None]
+        steps = self.ramp(width)[None]
         if offsets is not None:
             offsets = offsets.to(held.device).view(-1, offsets.shape[-1])
             steps = torch.cat([offsets, steps[:, offsets.shape[1]:].expand(offsets.shape[0], -1)], dim=1)
         return self.real_len[:, None] + held[:, None] + steps
+
+    def ramp(self, width: int) -> torch.Tensor:
+        """arange(width) on the model's device, made once per width (a step's fixed index ranges: no op a step)."""
+        if width not in self._ramps:
+            self._ramps[width] = torch.arange(width, device=self.m.device)
+        return self._ramps[width]
 
     # ---- a cache kind -------------------------------------------------------------------------------------
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -302,6 +302,9 @@ class StaticSession(KVSession):
             opts.pool[key] = (cache, _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if _may_compile(opts, key) else None)
         self.cache, self._eager, self._compiled = opts.pool[key]
+        self._mask_values = (torch.zeros((), dtype=model.dtype, device=model.device),  # allowed, hidden
+                             torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=model.device))
+        self._prompt_keys = None  # (prompt_mask, it padded to the capacity [B, C]): made again when rows leave
         super().__init__(model, prompt)
 
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -328,10 +331,8 @@ class StaticSession(KVSession):
 
     def _step(self, embeds, allowed, pos, start: int, compiled: bool) -> torch.Tensor:
         """One forward writing keys at [start, start + n): allowed [B, n, C] bool -> features [B, n, d]."""
-        dtype = self.m.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        cache_positions = start + torch.arange(embeds.shape[1], device=embeds.device)
+        mask = torch.where(allowed, *self._mask_values)  # 0 where allowed, the dtype's min elsewhere
+        cache_positions = start + self.ramp(embeds.shape[1])
         _set_length(self.cache, start)
         with torch.no_grad():
             if compiled:
@@ -353,8 +354,8 @@ class StaticSession(KVSession):
         the whole window mask of the n fed tokens (KVSession.forward); held [B]: each row's held slots, on the
         device."""
         dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
-        keys = torch.arange(self.capacity, device=dev)
-        queries = torch.arange(width, device=dev)[:, None]
+        keys = self.ramp(self.capacity)
+        queries = self.ramp(width)[:, None]
         offset = keys[None, :] - start  # [1, C] window index of a key
         window = ((offset >= 0) & (offset <= queries))[None]  # [1, width, C]
         if visible is not None and visible.dim() == 3:  # the given mask for the fed queries; padding stays causal
@@ -368,8 +369,9 @@ class StaticSession(KVSession):
             shown[:, :visible.shape[1]] = visible
             window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
         past = torch.nn.functional.pad(held_columns(held, self.cached), (P, self.capacity - start))[:, None]
-        prompt = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P))  # [B, C]
-        return prompt[:, None, :] | window | past
+        if self._prompt_keys is None or self._prompt_keys[0] is not self.prompt_mask:
+            self._prompt_keys = (self.prompt_mask, torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P)))
+        return self._prompt_keys[1][:, None, :] | window | past  # real prompt keys [B, C], the window, held slots
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(k[:self.batch], v[:self.batch]) for k, v in layer_tensors(self.cache)]
