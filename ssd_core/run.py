@@ -14,10 +14,11 @@ import torch
 
 from .errors import SSDError
 from .exactness import near_ties
-from .observer import NONE
+from .observer import NONE, Observers, ambient
 from .run_state import Counts, Draws, Outputs, Tokens, Window
 from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
+from .static_cache import sampler_graph
 from .slots import SlotIndex
 
 
@@ -46,17 +47,24 @@ class Run:
         self.outputs = Outputs(model, ix, last_features)  # features per slot, logits for the next slot
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
+        self.sampler = sampler_graph(model, settings)  # the compiled guided sampling (compile 'compiled'), or None
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
 
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
-        guided = guide(logits, self.settings.cfg, self.settings.min_p)
+        compiled = self.sampler
+        if compiled is not None:  # compile 'compiled': one graph launch (static_cache.sampler_graph)
+            with Observers(ambient()).graph(True):
+                guided, finite, logp = compiled(logits)
+        else:
+            guided = guide(logits, self.settings.cfg, self.settings.min_p)
+            finite, logp = None, None
         self.outputs.guided = guided  # [n, V] kept for note_near_ties (the window's latest)
         if source != "heads":  # drafts: the heads' features are checked once a chain (check_heads)
-            self.expect(all_rows_finite(guided),
+            self.expect(all_rows_finite(guided) if finite is None else finite,
                         lambda: check_finite(guided, self.settings, slots, logits, source))
-        return log_probs(guided, self.settings, check=False)
+        return log_probs(guided, self.settings, check=False) if logp is None else logp
 
     def check_heads(self, features: torch.Tensor, slots: torch.Tensor) -> None:
         """At the step's sync: the features [B, n, d] the heads drafted slots [n] from are finite (else the heads

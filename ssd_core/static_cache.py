@@ -58,6 +58,7 @@ class StaticOptions:
     backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
     pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
     shapes: set = field(default_factory=set)  # the (streams, capacity) shapes compiled so far (MAX_SHAPES at most)
+    samplers: dict = field(default_factory=dict)  # sampler values -> the compiled guided sampling (sampler_graph)
     lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
 
 
@@ -245,6 +246,29 @@ def _step_function(model, cache, backend: str | None):
     # every (streams, capacity) x bucket is one more compiled entry of this one function (_raise_compile_limits)
     cudagraphs = model.device.type == "cuda" and backend == "inductor"
     return torch.compile(step, backend=backend, mode="reduce-overhead" if cudagraphs else None, dynamic=False)
+
+
+def sampler_graph(model, settings):
+    """With compile 'compiled': the sampler's processing of raw logits [B, n, V] as one compiled graph -> (guided
+    logits [n, V], 0-d bool: every row finite, processed log p [n, V]): guidance, min-p, temperature, top-k / top-p and
+    log-softmax, ~17 eager ops a call otherwise. One per set of sampler values (they are constants of the graph; n is
+    dynamic); None when the model's steps are not compiled (the eager functions run)."""
+    opts = getattr(model, "static", None)
+    if opts is None or not opts.compiled:
+        return None
+    from .sampling import all_rows_finite, guide, log_probs
+
+    key = (settings.cfg, settings.min_p, settings.temperature, settings.top_k, settings.top_p)
+    if key not in opts.samplers:
+        if len(opts.samplers) >= MAX_SHAPES:  # a session sweeping sampler values: the oldest graph goes
+            opts.samplers.pop(next(iter(opts.samplers)))
+
+        def process(logits, s=settings):
+            guided = guide(logits, s.cfg, s.min_p)
+            return guided, all_rows_finite(guided), log_probs(guided, s, check=False)
+
+        opts.samplers[key] = torch.compile(process, backend=opts.backend, dynamic=True)
+    return opts.samplers[key]
 
 
 def _may_compile(opts: StaticOptions, key: tuple[int, int]) -> bool:

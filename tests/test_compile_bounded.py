@@ -77,7 +77,20 @@ def test_twelve_prompt_lengths_and_two_batch_sizes_compile_a_fixed_few_graphs(tm
     # 6 graphs for these prompts at 1 row)
     assert {(rows, cap) for rows, cap, _ in fed} == set(shapes)
     graphs = counters["stats"]["unique_graphs"]
-    assert set(shapes) == shapes_once and graphs == len(fed) <= buckets * len(shapes)
+    # and the guided sampling's graphs (static_cache.sampler_graph: one set of sampler values here, the window's
+    # length dynamic): a few, whatever the prompts and batches
+    samplers = sampler_graphs()
+    assert set(shapes) == shapes_once and graphs == len(fed) + samplers and len(fed) <= buckets * len(shapes)
+    assert 1 <= samplers <= 4, samplers
     assert sum(counters["graph_break"].values()) == 0
-    print(f"\ncompiled graphs: {graphs} for {len(PROMPTS)} prompt lengths x batch 1 and 4 "
-          f"({buckets} buckets, shapes {shapes})")
+    print(f"\ncompiled graphs: {graphs} ({samplers} of the sampling) for {len(PROMPTS)} prompt lengths x batch 1 "
+          f"and 4 ({buckets} buckets, shapes {shapes})")
+
+
+def sampler_graphs() -> int:
+    """The graphs dynamo holds for the compiled guided sampling (static_cache.sampler_graph's one code object: every
+    model and set of sampler values of this process)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    code = next(c for c in static_cache.sampler_graph.__code__.co_consts if getattr(c, "co_name", "") == "process")
+    return len(_debug_get_cache_entry_list(code))

@@ -226,9 +226,12 @@ def test_the_compiled_view_counts_a_forwards_preparation_and_one_launch_a_graph(
     print(f"ar at 6x6, ops a step: {hidden.per_step():.1f} outside the forward, {static.per_step():.1f} static cache "
           f"eager, {compiled.per_step():.1f} compiled ({compiled.graph_calls} launches)")
     assert compiled.steps == static.steps == hidden.steps == ref.trace.steps
-    assert compiled.graph_calls == compiled.steps and compiled.ops["graph launch"] == compiled.steps
+    # two launches a step: the forward's graph and the slot's guided sampling (static_cache.sampler_graph); the first
+    # token's sampling, from the prompt's output, comes before any step's forward
+    assert compiled.graph_calls == 2 * compiled.steps + 1 == compiled.ops["graph launch"]
     assert static.graph_calls == 0 and "graph launch" not in static.ops
-    # the preparation is counted on top of what the default view saw; the 2-layer model's own ops (mm, attention,
-    # ~40 a layer) are not: the views differ by the preparation (and the launch) only
+    # the preparation is counted on top of what the default view saw; the 6-layer model's own ops (mm, attention,
+    # ~40 a layer) are not: the static view differs by the preparation only
     assert hidden.per_step() + 10 < static.per_step() < hidden.per_step() + 60, (hidden.per_step(), static.per_step())
-    assert abs(compiled.per_step() - static.per_step() - 1) < 3, (compiled.per_step(), static.per_step())
+    # compiled, the sampling's ~17 ops are one launch
+    assert compiled.per_step() < static.per_step() - 10, (compiled.per_step(), static.per_step())
