@@ -74,25 +74,28 @@ class OpCounter(TorchDispatchMode, Observer):
         self._on()
 
     def graph_begin(self, compiled: bool) -> None:
-        if self.graphs and self.in_step:
-            if compiled:  # what runs on the device as one launch (a CUDA graph's replay)
-                self.ops["graph launch"] += 1
-                self.graph_calls += 1
-            self._off()
+        """A compiled graph (or the model's eager layers) runs without the dispatch mode, in either view (dynamo
+        does not trace under one); counted as one launch where the step's ops are being counted."""
+        if not self.in_step:
+            return
+        if compiled and self.active:  # what runs on the device as one launch (a CUDA graph's replay)
+            self.ops["graph launch"] += 1
+            self.graph_calls += 1
+        self._off()
 
     def graph_end(self, compiled: bool) -> None:
-        if self.graphs and self.in_step:
+        if self.in_step:
             self._on()
 
     def _off(self) -> None:
-        self.active = False
         off = _disable_current_modes()  # the base model runs without any dispatch mode
         off.__enter__()
-        self._forward_off.append(off)
+        self._forward_off.append((off, self.active))
+        self.active = False
 
     def _on(self) -> None:
-        self._forward_off.pop().__exit__(None, None, None)
-        self.active = self.in_step
+        off, self.active = self._forward_off.pop()
+        off.__exit__(None, None, None)
 
     def heads_begin(self) -> None:
         self.in_heads += 1

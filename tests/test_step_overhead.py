@@ -222,6 +222,10 @@ def test_the_compiled_view_counts_a_forwards_preparation_and_one_launch_a_graph(
             r = ssd_core.generate(model, None, **kw)
         assert torch.equal(r.tokens, ref.tokens)
         counted[mode] = ops
+    with count_ops() as default_view:  # the default view of the compiled model: the sampling's launches only
+        r = ssd_core.generate(model, None, **kw)
+    assert torch.equal(r.tokens, ref.tokens) and default_view.graph_calls == default_view.steps + 1
+    assert default_view.per_step() < hidden.per_step() - 10
     compiled, static = counted["compiled"], counted["static"]
     print(f"ar at 6x6, ops a step: {hidden.per_step():.1f} outside the forward, {static.per_step():.1f} static cache "
           f"eager, {compiled.per_step():.1f} compiled ({compiled.graph_calls} launches)")
