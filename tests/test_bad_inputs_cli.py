@@ -374,8 +374,13 @@ def _interrupt_after(argv, ready: str, tmp_path):
     """Run `python -m ssd_core argv`, send a real SIGINT once a stdout line starts with `ready` -> (rc, stderr
     lines without the weights-loading bar, stdout)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # the child starts with Ctrl-C on, as a terminal's foreground command does, whatever this process inherited: a
+    # test run started in the background by a shell without job control ignores SIGINT (bash does that for
+    # `(cmd &)`), its children inherit that, and Python keeps an ignored SIGINT ignored (the flake of sessions
+    # 52-54: the child's SigIgn held SIGINT and this process's handler was SIG_IGN)
     proc = subprocess.Popen([sys.executable, "-m", "ssd_core", *map(str, argv)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     watchdog = threading.Timer(240, proc.kill)
     watchdog.start()
     seen = []
@@ -387,7 +392,7 @@ def _interrupt_after(argv, ready: str, tmp_path):
                 break
         try:
             out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:  # seen in 3 of ~8 full-suite runs (worker gw0), never alone
+        except subprocess.TimeoutExpired:
             raise AssertionError(_stuck(proc)) from None
     finally:
         watchdog.cancel()
