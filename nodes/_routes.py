@@ -23,7 +23,7 @@ def register_routes():
         return web.json_response({"models": held_models()})
 
     middlewares = getattr(getattr(server.PromptServer.instance, "app", None), "middlewares", None)
-    if middlewares is not None and not middlewares.frozen:  # the server has not started yet (it never has here)
+    if middlewares is not None and not middlewares.frozen:  # ComfyUI loads custom nodes before its server starts
         middlewares.append(own_templates_in_order(web))
 
 

@@ -260,7 +260,8 @@ def sampler_graph(model, settings):
 
     key = (settings.cfg, settings.min_p, settings.temperature, settings.top_k, settings.top_p)
     if key not in opts.samplers:
-        if len(opts.samplers) >= MAX_SHAPES:  # a session sweeping sampler values: the oldest graph goes
+        if len(opts.samplers) >= MAX_SHAPES:  # a session sweeping sampler values keeps the newest 6 functions; past
+            # dynamo's recompile limit for their one code object the sampling runs eagerly (the same functions)
             opts.samplers.pop(next(iter(opts.samplers)))
 
         def process(logits, s=settings):
