@@ -2,7 +2,7 @@
 
     python -m reference_recipe.r48 data  --work build/r48            # render + tokenize (minutes)
     python -m reference_recipe.r48 train --work build/r48 --minutes 70 [--resume]
-    python -m reference_recipe.r48 train --work build/r48x --init ssd_core/reference/model48 --steps 2000 [--resume]
+    python -m reference_recipe.r48 train --work build/r48x --init ssd_core/reference/model48 --steps 2000 [--resume] [--lr 2e-4]
     python -m reference_recipe.r48 ship  --work build/r48 --out ssd_core/reference/model48
 
 Design (issue 24): the same glyphs, classes, held-out split and VQ as `reference` (the VQ is fully
@@ -104,7 +104,8 @@ def heldout_nll(model, toks, classes, lay) -> float:
     return float(ce.mean())
 
 
-def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None) -> None:
+def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
+          peak_lr: float | None = None) -> None:
     from safetensors.torch import load_file
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
@@ -117,7 +118,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
                             lr=LR, betas=(0.9, 0.95))
     ckpt = os.path.join(work, "checkpoint.pt")
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
-             "init": init}
+             "init": init, "peak_lr": peak_lr or LR}
     if resume and os.path.exists(ckpt):
         saved = torch.load(ckpt, weights_only=True)  # our own checkpoint: tensors and plain values only
         model.load_state_dict(saved["model"])
@@ -127,6 +128,8 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
             state["budget_s"] = minutes * 60
         if steps is not None:
             state["budget_steps"] = steps
+        if peak_lr is not None:  # a new peak for the rest of the run
+            state["peak_lr"] = peak_lr
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
     g = torch.Generator().manual_seed(SEED + 4800 + state["step"])
     stop = {"now": False}
@@ -164,7 +167,8 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     while done_share() < 1 and not stop["now"]:
         model.train()
         frac = done_share()
-        lr = LR * min(1.0, (state["step"] + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
+        lr = state.get("peak_lr") or LR
+        lr *= min(1.0, (state["step"] + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
         for grp in opt.param_groups:
             grp["lr"] = lr
         side = 32 if torch.rand(1, generator=g).item() < MIX_32 else 48
@@ -220,10 +224,11 @@ def main(argv=None) -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--steps", type=int, default=None, help="budget in steps instead of minutes (lr by step)")
     ap.add_argument("--init", default=None, help="start from this model folder instead of reference")
+    ap.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {LR}; with --resume: from now on)")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
-    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init),
+    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr),
      "ship": lambda: ship(a.work, a.out, a.init)}[a.stage]()
 
 
