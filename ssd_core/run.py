@@ -14,7 +14,7 @@ import torch
 
 from .errors import SSDError
 from .exactness import near_ties
-from .observer import NONE, Observers, ambient
+from .observer import NONE
 from .run_state import Counts, Draws, Outputs, Tokens, Window
 from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
@@ -55,7 +55,7 @@ class Run:
         The finiteness check is deferred to the step's sync (it names the slots when it fails)."""
         compiled = self.sampler
         if compiled is not None:  # compile 'compiled': one graph launch (static_cache.sampler_graph)
-            with Observers(ambient()).graph(True):
+            with self.observer.graph(True):
                 guided, finite, logp = compiled(logits)
         else:
             guided = guide(logits, self.settings.cfg, self.settings.min_p)

@@ -22,6 +22,7 @@ import torch
 
 from .errors import SSDError
 from .observer import Observers, ambient
+from .sampling import all_rows_finite, guide, log_probs
 from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
@@ -256,8 +257,6 @@ def sampler_graph(model, settings):
     opts = getattr(model, "static", None)
     if opts is None or not opts.compiled:
         return None
-    from .sampling import all_rows_finite, guide, log_probs
-
     key = (settings.cfg, settings.min_p, settings.temperature, settings.top_k, settings.top_p)
     if key not in opts.samplers:
         if len(opts.samplers) >= MAX_SHAPES:  # a session sweeping sampler values keeps the newest 6 functions; past
