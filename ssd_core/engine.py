@@ -298,8 +298,8 @@ def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy],
                              for run, f, v, b in zip(runs, fed, visibles, branches)))
     ids, visible, position = _batch_ids(session, rows, fed, list(masks), n, pad_id, list(positions))
     with watch.forward("step"):
-        features = session.forward(ids, visible) if position is None else session.forward(ids, visible, position)
-    return features, model.image_logits(features), visibles
+        features, logits = session.forward(ids, visible, position, logits=True)
+    return features, model.image_logits(features) if logits is None else logits, visibles
 
 
 def _tree(run: Run, k: int, b: Branches, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,8 +114,10 @@ class KVSession:
         return torch.tensor(self.held_host, dtype=torch.long)
 
     def forward(self, slot_ids: torch.Tensor, visible: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d].
+                positions: torch.Tensor | None = None, logits: bool = False):
+        """Feed each row its slots [held, held + n) ([n] for all streams, or [B, n]) -> pre-norm features [B, n, d];
+        logits: (features, their float32 image logits [B, n, V] where the session makes them with its forward (the
+        static cache, inside its step graph), else None).
 
         visible ([n] or [B, n]): window slots the others may attend to; right padding of a batch is invisible.
         Or [1 or B, n, n] bool: the whole window mask, which fed token (query) sees which (key), in place of the
@@ -126,11 +128,11 @@ class KVSession:
         dev = self.m.device
         ids = slot_ids.to(dev).view(-1, n).expand(self.batch, n)  # one row for every stream, or [B, n]
         held = held_on_device(self.held_host, dev)
-        feats = self._feed(ids, visible, held, positions)
+        feats, raw = self._feed(ids, visible, held, positions, logits)
         pack_fed_keys(self._layers(), self.prompt_len, held, self.cached, n, min(self.held_host))
         self.held_host = [h + n for h in self.held_host]
         self.cached += n
-        return feats
+        return (feats, raw) if logits else feats
 
     def crop(self, slots) -> None:
         """Keep the prompt and the first `slots` slots (an int for every row, or [B] per row) in the cache."""
@@ -177,10 +179,10 @@ class KVSession:
         raise NotImplementedError
 
     def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
-              positions: torch.Tensor | None = None) -> torch.Tensor:
+              positions: torch.Tensor | None, logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of ids [B, n], each row at its own positions (held [B] on the device; `positions`: forward's),
-        writing the keys at slot columns [cached, cached + n) of every row -> pre-norm features [B, n, d] (forward
-        packs them)."""
+        writing the keys at slot columns [cached, cached + n) of every row -> (pre-norm features [B, n, d] (forward
+        packs them), their image logits [B, n, V] when asked, else None or them)."""
         raise NotImplementedError
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -242,9 +244,9 @@ class Session(KVSession):
         return self._run(ids, pos, self._mask(self.prompt_len, None, prefill=True))
 
     def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
-              positions: torch.Tensor | None = None) -> torch.Tensor:
+              positions: torch.Tensor | None, logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = ids.shape[1]
-        return self._run(ids, self._positions(held, n, positions), self._mask(n, visible, held=held))
+        return self._run(ids, self._positions(held, n, positions), self._mask(n, visible, held=held)), None
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return layer_tensors(self.cache)

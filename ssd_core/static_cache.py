@@ -23,7 +23,7 @@ import torch
 from .errors import SSDError
 from .observer import Observers, ambient
 from .sampling import all_rows_finite, guide, log_probs
-from .session import KVSession, Prompt, cache_kwarg, held_columns, layer_tensors
+from .session import KVSession, Prompt, cache_kwarg, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
 WINDOW_ROWS = 5  # the widest window the buckets fit: ssd-exact's most drafted rows at its default (calibrate.MAX_ROWS,
@@ -57,7 +57,7 @@ class StaticOptions:
     slots: int  # the most slots a layout of the model has (the cache's capacity beyond the prompt)
     buckets: tuple[int, ...] = BUCKETS
     backend: str = "inductor"  # torch.compile backend ("eager": graph capture only, for quick checks)
-    pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, eager step, compiled step)
+    pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, layers, eager step, compiled step)
     shapes: set = field(default_factory=set)  # the (streams, capacity) shapes compiled so far (MAX_SHAPES at most)
     samplers: dict = field(default_factory=dict)  # sampler values -> the compiled guided sampling (sampler_graph)
     lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
@@ -91,11 +91,11 @@ def enable(model, mode: str | bool = "static", buckets: tuple[int, ...] | None =
         buckets = buckets_for(max(layout.row_stride for layout in layouts))
     model.static = StaticOptions(mode == "compiled", slots, tuple(sorted(set(buckets))), backend)
     if model.static.compiled:
-        _raise_compile_limits(len(model.static.buckets) * MAX_SHAPES)
+        _raise_compile_limits(2 * len(model.static.buckets) * MAX_SHAPES)  # x2: a window mask shared or per row
     return model
 
 
-_graphs_budgeted = 0  # compiled graphs the enabled models may make in this process (buckets x MAX_SHAPES each)
+_graphs_budgeted = 0  # compiled graphs the enabled models may make in this process (2 x buckets x MAX_SHAPES each)
 
 
 def _raise_compile_limits(graphs: int) -> None:
@@ -179,7 +179,7 @@ def pool_bytes(model) -> int:
     opts = getattr(model, "static", None)
     if opts is None:
         return 0
-    return sum(t.numel() * t.element_size() for cache, _, _ in opts.pool.values()
+    return sum(t.numel() * t.element_size() for cache, *_ in opts.pool.values()
                for k, v in layer_tensors(cache) for t in (k, v))
 
 
@@ -228,23 +228,55 @@ def _new_cache(model, capacity: int, rows: int | None = None):
     return cache
 
 
-def _step_function(model, cache, backend: str | None):
-    """(embeds [B, n, d], mask [B, 1, n, C], positions [B, n], cache positions [n]) -> pre-norm features."""
+def _layers_function(model, cache):
+    """(embeds [B, n, d], mask [B, 1, n, C], positions [B, n], cache positions [n]) -> pre-norm features: the
+    model's layers writing the cache (the prefill's forward; the step's inside its graph). Run eagerly: inside the
+    observers' graph span (opcount counts none of the layers' ops; compiled, the whole step is one launch)."""
     twin = features_backbone(model)
     kw = cache_kwarg(model.backbone())
     takes_position = "cache_position" in inspect.signature(model.backbone().forward).parameters
 
-    def step(embeds, mask, positions, cache_positions):
+    def layers(embeds, mask, positions, cache_positions):
         for counter in _length_counters(cache):  # transformers 5's write positions, set inside the graph
             counter.copy_(cache_positions[0])
         extra = {"cache_position": cache_positions} if takes_position else {}
-        out = twin(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
-                   **{kw: cache}, **extra)
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else Observers(ambient()).graph(False):
+            out = twin(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                       **{kw: cache}, **extra)
         return out.last_hidden_state
+
+    return layers
+
+
+def _step_function(model, cache, backend: str | None):
+    """The verify step, the forward's preparation inside it: (ids [B, w], window [1 or B, w, w] bool: which fed
+    token sees which, steps [1 or B, w]: the fed tokens' positions from the held count, held [B]: each row's held
+    slots, prompt keys [B, C] bool: real prompt tokens, first: 0-d, the prompt's length (the first slot column),
+    real_len [B]) -> (pre-norm features [B, w, d], float32 image logits [B, w, V]). The window starts at column
+    first + held.max() (the cache's slot columns: the most any row holds); every number is a tensor, so one graph
+    per (B, w) serves every step, prompt and position."""
+    layers = _layers_function(model, cache)
+    lowest = torch.finfo(model.dtype).min
+    with torch.no_grad():  # what the head makes once (a family's image rows, base.rows_logits) is made now, not traced
+        model.image_logits(torch.zeros(1, model.hidden_size, dtype=model.dtype, device=model.device))
+
+    def step(ids, window, steps, held, prompt_keys, first, real_len):
+        width, columns = ids.shape[1], prompt_keys.shape[1]
+        start = first + held.max()  # the window's first column
+        keys = torch.arange(columns, device=ids.device)
+        offset = keys - start  # [C] a key's index in the window
+        in_window = window[:, :, offset.clamp(0, width - 1)] & ((offset >= 0) & (offset < width))  # [1 or B, w, C]
+        held_keys = (keys >= first) & (keys < start) & (keys - first < held[:, None])  # [B, C] each row's held slots
+        allowed = prompt_keys[:, None, :] | in_window | held_keys[:, None, :]  # [B, w, C]
+        mask = torch.where(allowed, 0.0, lowest).to(model.dtype)[:, None]
+        positions = real_len[:, None] + held[:, None] + steps
+        feats = layers(model.embed(ids), mask, positions, start + torch.arange(width, device=ids.device))
+        return feats, model.image_logits(feats)
 
     if backend is None:
         return step
-    # every (streams, capacity) x bucket is one more compiled entry of this one function (_raise_compile_limits)
+    # every (streams, capacity) x bucket x (window mask and positions shared by the streams or not) is one more
+    # compiled entry of this one function (_raise_compile_limits)
     cudagraphs = model.device.type == "cuda" and backend == "inductor"
     return torch.compile(step, backend=backend, mode="reduce-overhead" if cudagraphs else None, dynamic=False)
 
@@ -323,12 +355,11 @@ class StaticSession(KVSession):
             while len(opts.pool) >= POOL_ENTRIES:  # free the least recently used cache (and its compiled step)
                 opts.pool.pop(next(iter(opts.pool)))
             cache = _new_cache(model, self.capacity, self.rows if opts.compiled else None)
-            opts.pool[key] = (cache, _step_function(model, cache, None),
+            opts.pool[key] = (cache, _layers_function(model, cache), _step_function(model, cache, None),
                               _step_function(model, cache, opts.backend) if _may_compile(opts, key) else None)
-        self.cache, self._eager, self._compiled = opts.pool[key]
-        self._mask_values = (torch.zeros((), dtype=model.dtype, device=model.device),  # allowed, hidden
-                             torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=model.device))
-        self._prompt_keys = None  # (prompt_mask, it padded to the capacity [B, C]): made again when rows leave
+        self.cache, self._layers_eager, self._eager, self._compiled = opts.pool[key]
+        self._constants = None  # (prompt_mask, the step's prompt inputs for the cache's rows): made again when rows leave
+        self._windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # width -> (causal [1, w, w], eye [w, w])
         super().__init__(model, prompt)
 
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -336,66 +367,87 @@ class StaticSession(KVSession):
         keys = torch.arange(self.capacity, device=dev)
         causal = keys[None, :] <= torch.arange(self.prompt_len, device=dev)[:, None]  # [P, C]
         allowed = causal[None] & torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))[:, None]
-        return self._step(self.m.embed(ids), allowed, pos, 0, compiled=False)
+        mask = torch.where(allowed, 0.0, torch.finfo(self.m.dtype).min).to(self.m.dtype)[:, None]
+        _set_length(self.cache, 0)
+        with torch.no_grad(), _live_rows(self.cache, self.batch):
+            return self._layers_eager(self.m.embed(ids), mask, pos, self.ramp(self.prompt_len))
 
     def _feed(self, ids: torch.Tensor, visible: torch.Tensor | None, held: torch.Tensor,
-              positions: torch.Tensor | None = None) -> torch.Tensor:
+              positions: torch.Tensor | None, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = ids.shape[1]
         size = bucket(n, self.opts.buckets) if self._compiled is not None else None
         width = size or n
-        if width > n:  # padded queries repeat the last id; their keys land past the valid length
+        if width > 1:  # padded queries repeat the last id; their keys land past the valid length (one layout of
+            # ids in every step of a width: the graph's inputs keep their strides)
             ids = torch.cat([ids, ids[:, -1:].expand(self.batch, width - n)], dim=1)
         start = self.prompt_len + self.cached
         if start + width > self.capacity:
             raise SSDError(f"static cache of {self.capacity} positions is too small for {start + width}; "
                            "load the model with compile 'off'")
-        feats = self._step(self.m.embed(ids), self._allowed(width, visible, held),
-                           self._positions(held, width, positions), start, compiled=size is not None)
-        return feats[:, :n]
-
-    def _step(self, embeds, allowed, pos, start: int, compiled: bool) -> torch.Tensor:
-        """One forward writing keys at [start, start + n): allowed [B, n, C] bool -> features [B, n, d]."""
-        mask = torch.where(allowed, *self._mask_values)  # 0 where allowed, the dtype's min elsewhere
-        cache_positions = start + self.ramp(embeds.shape[1])
         _set_length(self.cache, start)
+        feats, raw = self._step(ids, self._window(width, visible), self._offsets(width, positions), held,
+                                compiled=size is not None)
+        return feats[:, :n], raw[:, :n]
+
+    def _step(self, ids, window, steps, held, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One verify step (_step_function) of ids [B, w] -> (features [B, w, d], logits [B, w, V]) of the live rows."""
+        prompt_keys, first, real_len = self._prompt_inputs()
         with torch.no_grad():
             if compiled:
                 if self.m.device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
                 spare = self.rows - self.batch  # rows of images that left: row 0 again keeps the compiled shape
                 if spare:
-                    embeds, mask, pos = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (embeds, mask, pos))
+                    ids, held = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (ids, held))
+                    window, steps = (t if t.shape[0] == 1 else torch.cat([t, t[:1].expand(spare, *t.shape[1:])])
+                                     for t in (window, steps))
                 with Observers(ambient()).graph(True):  # one graph launch (opcount's compiled view)
-                    out = self._compiled(embeds, mask[:, None], pos, cache_positions)
-                return out[:self.batch].clone()
-            with _live_rows(self.cache, self.batch), Observers(ambient()).graph(False):
-                return self._eager(embeds, mask[:, None], pos, cache_positions)
+                    feats, raw = self._compiled(ids, window, steps, held, prompt_keys, first, real_len)
+                return feats[:self.batch].clone(), raw[:self.batch].clone()
+            B = self.batch
+            with _live_rows(self.cache, B):
+                return self._eager(ids, window, steps, held, prompt_keys[:B], first, real_len[:B])
 
-    def _allowed(self, width: int, visible: torch.Tensor | None, held: torch.Tensor) -> torch.Tensor:
-        """[B, width, C] bool: real prompt keys, each row's held slots, the causal (and visible) window; nothing later.
+    def _prompt_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's inputs that only change with the batch's rows: real prompt keys [R, C] bool, the prompt's
+        length (0-d), each row's real prompt tokens [R], for the cache's R rows (spare rows copy row 0)."""
+        if self._constants is None or self._constants[0] is not self.prompt_mask:
+            spare = self.rows - self.batch
+            keys = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))
+            first = torch.full((), self.prompt_len, dtype=torch.long, device=self.m.device)
+            real_len = self.real_len
+            if spare:
+                keys, real_len = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (keys, real_len))
+            self._constants = (self.prompt_mask, (keys, first, real_len))
+        return self._constants[1]
 
-        visible ([n] or [B, n]): window slots the others may attend to (each slot sees itself), or [1 or B, n, n]:
-        the whole window mask of the n fed tokens (KVSession.forward); held [B]: each row's held slots, on the
-        device."""
-        dev, P, start = self.m.device, self.prompt_len, self.prompt_len + self.cached
-        keys = self.ramp(self.capacity)
-        queries = self.ramp(width)[:, None]
-        offset = keys[None, :] - start  # [1, C] window index of a key
-        window = ((offset >= 0) & (offset <= queries))[None]  # [1, width, C]
-        if visible is not None and visible.dim() == 3:  # the given mask for the fed queries; padding stays causal
-            n = visible.shape[-1]
-            given = window.expand(visible.shape[0], -1, -1).clone()
-            given[:, :n, start:start + n] = visible.to(dev)
-            window = given
-        elif visible is not None:  # keys of invisible window slots are hidden from every other query
-            visible = visible.to(dev).view(-1, visible.shape[-1])  # [1 or B, n]
-            shown = torch.ones(visible.shape[0], width, dtype=torch.bool, device=dev)
-            shown[:, :visible.shape[1]] = visible
-            window = window & (shown[:, offset.clamp(0, width - 1)[0]][:, None, :] | (offset == queries)[None])
-        past = torch.nn.functional.pad(held_columns(held, self.cached), (P, self.capacity - start))[:, None]
-        if self._prompt_keys is None or self._prompt_keys[0] is not self.prompt_mask:
-            self._prompt_keys = (self.prompt_mask, torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - P)))
-        return self._prompt_keys[1][:, None, :] | window | past  # real prompt keys [B, C], the window, held slots
+    def _window(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
+        """[1 or B, width, width] bool: which fed token sees which; causal, and `visible`: ([n] or [B, n]) the window
+        slots the others may attend to (each slot sees itself), or [1 or B, n, n] the fed tokens' whole window mask
+        (KVSession.forward); padding stays causal."""
+        if width not in self._windows:
+            causal = torch.ones(width, width, dtype=torch.bool, device=self.m.device).tril()[None]
+            self._windows[width] = (causal, torch.eye(width, dtype=torch.bool, device=self.m.device))
+        causal, eye = self._windows[width]
+        if visible is None:
+            return causal
+        visible = visible.to(self.m.device)
+        n = visible.shape[-1]
+        if visible.dim() == 3:
+            given = causal.expand(visible.shape[0], -1, -1).clone()
+            given[:, :n, :n] = visible
+            return given
+        shown = torch.nn.functional.pad(visible.view(-1, n), (0, width - n), value=True)  # [1 or B, w]
+        return causal & (shown[:, None, :] | eye)
+
+    def _offsets(self, width: int, positions: torch.Tensor | None) -> torch.Tensor:
+        """[1 or B, width]: each fed token's position from its row's held count: `positions` ([n] or [B, n]), the
+        padding's (and all, without them) slot order."""
+        steps = self.ramp(width)[None]
+        if positions is None:
+            return steps
+        positions = positions.to(self.m.device).view(-1, positions.shape[-1])
+        return torch.cat([positions, steps[:, positions.shape[1]:].expand(positions.shape[0], -1)], dim=1)
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(k[:self.batch], v[:self.batch]) for k, v in layer_tensors(self.cache)]

@@ -279,7 +279,6 @@ def test_gpu_memory_reuses_only_a_whole_saved_model(tmp_path):
 def test_the_closeness_rules_pass_rounding_and_catch_a_broken_cache(monkeypatch):
     import ssd_core
     from ssd_core import static_cache
-    from ssd_core.session import KVSession
     from ssd_core.static_cache import StaticSession
     from test_cuda import GRID, WINDOWS, closeness, misses
 
@@ -292,18 +291,18 @@ def test_the_closeness_rules_pass_rounding_and_catch_a_broken_cache(monkeypatch)
     assert misses(closeness(fp32, static32, 0, tokens), "fp32") == []  # another cache's fp32 rounding
     assert misses(closeness(fp32, bf16, 0, tokens), "bf16") == []  # all of bf16's rounding
     assert misses(closeness(bf16, static16, 0, tokens), "bf16") == []  # another cache's bf16 rounding
-    monkeypatch.setattr(StaticSession, "_positions", lambda self, held, width, offsets=None:
-                        KVSession._positions(self, held, width, offsets) + 1, raising=False)  # positions one off
-    assert "tv_mean" in misses(closeness(fp32, static32, 0, tokens), "fp32")
+    offsets = StaticSession._offsets
+    monkeypatch.setattr(StaticSession, "_offsets", lambda self, width, positions: offsets(self, width, positions) + 1)
+    assert "tv_mean" in misses(closeness(fp32, static32, 0, tokens), "fp32")  # positions one off
     monkeypatch.undo()
-    allowed = StaticSession._allowed
+    window = StaticSession._window
 
-    def leaky(self, width, visible, held):  # every query also sees the window's last key
-        mask = allowed(self, width, visible, held)
-        mask[..., self.prompt_len + self.cached + width - 1] = True
+    def leaky(self, width, visible):  # every query also sees the window's last key
+        mask = window(self, width, visible).clone()
+        mask[..., width - 1] = True
         return mask
 
-    monkeypatch.setattr(StaticSession, "_allowed", leaky)
+    monkeypatch.setattr(StaticSession, "_window", leaky)
     assert misses(closeness(bf16, static16, 0, tokens), "bf16") != []
 
 

@@ -209,25 +209,27 @@ def test_family_head_reads_its_rows_without_a_per_step_copy(family, tmp_path):
 
 # ---- compile: one graph where it is allowed, and why it is not allowed under offload ---------------------------
 def explain_step(model, n: int = 8, capacity: int = 64, compare: bool = True):
-    """torch._dynamo.explain of the static cache's verify step (static_cache._step_function) on a window of n; with
-    `compare`, also the step run eagerly and compiled (backend eager) -> (explained, eager, compiled)."""
-    cache = static_cache._new_cache(model, capacity)
-    step = static_cache._step_function(model, cache, None)
-    torch.manual_seed(0)
-    embeds = torch.randn(2, n, model.hidden_size)
-    mask = torch.zeros(2, 1, n, capacity)
-    mask[..., n:] = torch.finfo(torch.float32).min
-    positions, cache_positions = torch.arange(n)[None].expand(2, n), torch.arange(n)
+    """torch._dynamo.explain of the static cache's verify step (static_cache._step_function: the embedding, the mask,
+    the positions, the layers and the image logits) on a window of n after a 6-token prompt (2 streams, the second
+    with one padding token), 3 slots held; with `compare`, also the step run eagerly and compiled (backend eager)
+    -> (explained, eager, compiled): each (features, logits)."""
+    ids = model.code_to_id(torch.arange(2 * n).view(2, n) % 7)
+    window = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    steps, held = torch.arange(n)[None], torch.full((2,), 3)
+    prompt_keys = torch.zeros(2, capacity, dtype=torch.bool)
+    prompt_keys[0, :6], prompt_keys[1, 1:6] = True, True
+    inputs = (ids, window, steps, held, prompt_keys, torch.tensor(6), prompt_keys.sum(1))
+    step = static_cache._step_function(model, static_cache._new_cache(model, capacity), None)
     torch._dynamo.reset()
     with torch.no_grad():
-        explained = torch._dynamo.explain(step)(embeds, mask, positions, cache_positions)
+        explained = torch._dynamo.explain(step)(*inputs)
         if not compare:
             torch._dynamo.reset()
             return explained, None, None
         cache = static_cache._new_cache(model, capacity)  # the compiled step (backend eager) equals the eager one
-        eager = static_cache._step_function(model, cache, None)(embeds, mask, positions, cache_positions)
+        eager = static_cache._step_function(model, cache, None)(*inputs)
         cache = static_cache._new_cache(model, capacity)
-        compiled = static_cache._step_function(model, cache, "eager")(embeds, mask, positions, cache_positions)
+        compiled = static_cache._step_function(model, cache, "eager")(*inputs)
     torch._dynamo.reset()
     return explained, eager, compiled
 

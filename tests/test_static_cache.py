@@ -153,9 +153,9 @@ def _windows(model, heads, decoder, seeds=(0, 1), **kw):
 
     sizes, forward = [], Session.forward
 
-    def recording(self, slot_ids, visible=None):
+    def recording(self, slot_ids, visible=None, positions=None, logits=False):
         sizes.append(slot_ids.shape[-1])
-        return forward(self, slot_ids, visible)
+        return forward(self, slot_ids, visible, positions, logits)
 
     Session.forward = recording
     try:
