@@ -23,6 +23,7 @@ from .observer import Observer, Observers, ambient
 from .run import Branches, Policy, Run
 from .sampling import SamplerSettings, guide, log_probs
 from .session import KVSession, Layout, Prompt, stack_prompts
+from .static_cache import region
 
 
 def _now(device) -> float:
@@ -173,6 +174,7 @@ class _Rows:
         dev = session.m.device
         self.dev = [torch.arange(i, session.batch, images, device=dev) for i in range(images)]
         self.host = [list(range(i, session.batch, images)) for i in range(images)]
+        self.at = [slice(i, session.batch, images) for i in range(images)]  # the same rows, as views (no op a step)
 
     def hold(self, held: list[int], image: int, slots: int) -> None:
         """Set image's rows in `held` (a copy of session.held_host, for session.crop) to `slots`."""
@@ -187,6 +189,7 @@ class _Rows:
             k = len(self.host[i])
             self.dev[i] = torch.arange(offset, offset + k, device=self.dev[i].device)
             self.host[i] = list(range(offset, offset + k))
+            self.at[i] = slice(offset, offset + k)
             offset += k
 
 
@@ -237,16 +240,19 @@ def _step(model, rows: _Rows, runs: list[Run], policies: list[Policy], images: l
     """One step of these images (runs, policies): one base-model forward of every window [cached, end), then each
     policy's update; the cache is cropped to each image's cached_next(). -> the longest window fed (0: none)."""
     session = rows.session
-    fed = [run.tokens.ids[run.window.cached:run.window.end].clone() for run in runs]
+    # each window's ids [k] (a copy) and 0-d: every slot of it has a token (checked at the step's sync)
+    fed, filled = zip(*(region(model, _window_ids)(run.tokens.ids[run.window.cached:run.window.end]) for run in runs))
     # a policy's draft tree: tokens fed after its window that are no slot (Branches), only with a window
     branches = [policy.branches(run) if f.numel() else None for run, policy, f in zip(runs, policies, fed)]
     feeds = [f if b is None else torch.cat([f, b.ids]) for f, b in zip(fed, branches)]
     n = max(f.numel() for f in feeds)
+    for run, policy, f, ok in zip(runs, policies, fed, filled):
+        run.expect(ok, lambda run=run, f=f, name=policy.name: _no_token(name, run, f))
     feats, all_logits, visibles = _forward(model, session, runs, policies, [rows.dev[i] for i in images], feeds, n,
                                            pad_id, watch, branches) if n else (None, None, [None] * len(runs))
     held = list(session.held_host)  # [B] each row's kept prefix after this step (rows of other images: as before)
     for run, policy, f, visible, b, i in zip(runs, policies, fed, visibles, branches, images):
-        r, k = rows.dev[i], f.numel()
+        r, k = rows.at[i], f.numel()
         out = (feats[r, :k], all_logits[r, :k]) if k else (None, None)  # its window's features and logits
         run.outputs.branch_logits = None if b is None else all_logits[r, k:k + len(b.slots)]  # [B, m, V] branches'
         logits = run.begin_step(f, visible if k else None, *out)
@@ -291,8 +297,6 @@ def _forward(model, session: KVSession, runs: list[Run], policies: list[Policy],
     """One base-model forward of every image's fed slots (and its branches after them), right-padded to n.
 
     -> features [R, n, d], logits [R, n, V], and each image's visible window slots (None: all)."""
-    for run, policy, f in zip(runs, policies, fed):  # checked at the step's sync
-        run.expect((f >= 0).all(), lambda run=run, f=f, name=policy.name: _no_token(name, run, f))
     visibles = [p.visible(r) for p, r in zip(policies, runs)]
     masks, positions = zip(*(_tree(run, f.numel() - len(b.slots), b, v) if b is not None else (v, None)
                              for run, f, v, b in zip(runs, fed, visibles, branches)))
@@ -320,6 +324,11 @@ def _tree(run: Run, k: int, b: Branches, visible: torch.Tensor | None) -> tuple[
     dev = b.ids.device
     positions = torch.tensor(list(range(k)) + [s - C for s in b.slots], dtype=torch.long)
     return mask.to(dev), positions.to(dev)
+
+
+def _window_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's ids [k] -> (a copy of them, 0-d: every slot has a token)."""
+    return ids.clone(), (ids >= 0).all()
 
 
 def _no_token(decoder: str, run: Run, fed: torch.Tensor):

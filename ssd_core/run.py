@@ -18,7 +18,7 @@ from .observer import NONE
 from .run_state import Counts, Draws, Outputs, Tokens, Window
 from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
-from .static_cache import sampler_graph
+from .static_cache import region, sampler_graph
 from .slots import SlotIndex
 
 
@@ -41,13 +41,15 @@ class Run:
         self.observer = observer  # what watches the generation (observer.Observers)
         self.index = ix = SlotIndex.of(layout, model)  # shared by every run of this layout
         self.counts = Counts()  # steps, head calls, host copies, verification records
-        self.tokens = Tokens(ix, self.counts)  # token state per slot: ids, codes, final, ...
+        self.tokens = Tokens(ix, self.counts, lambda fn: region(model, fn))  # token state per slot: ids, codes, ...
         self.window = Window(ix)  # how far the run is fixed: cached <= final_end, end
-        self.draws = Draws(settings, ix, self.window, layout.grid[1], model.device)  # generator; q, noise
+        self.draws = Draws(settings, ix, self.window, layout.grid[1], model.device,  # generator; q, noise
+                           lambda fn: region(model, fn))
         self.outputs = Outputs(model, ix, last_features)  # features per slot, logits for the next slot
         self.pending: list = []  # deferred checks: (0-d bool tensor, function raising the error when False)
         self.exact_error: torch.Tensor | None = None  # 0-d: bound on the window's raw-logit rounding; None: untracked
         self.sampler = sampler_graph(model, settings)  # the compiled guided sampling (compile 'compiled'), or None
+        self.draft_sampler = sampler_graph(model, settings, features=True)  # the same from the heads' features
 
     def logp(self, logits: torch.Tensor, slots: torch.Tensor, source: str = "model") -> torch.Tensor:
         """[B, n, V] raw per-stream logits -> [n, V] processed log p for those slots (source: model or heads).
@@ -73,7 +75,16 @@ class Run:
             bad = ~features.isfinite().all(-1).all(0)  # [n] slots drafted from a non-finite feature
             raise SSDError(not_finite_message(bad, self.settings, slots, None, "heads"))
 
-        self.expect(features.isfinite().all(), fail)
+        self.expect(region(self.model, _all_finite)(features), fail)
+
+    def draft_logp(self, features: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The heads' features [B, n, d] -> [n, V] processed log p of the slots [n] they draft: logp of the model's
+        image logits (compile 'compiled': one graph launch for both, static_cache.sampler_graph)."""
+        if self.draft_sampler is None:
+            return self.logp(self.model.image_logits(features), slots, "heads")
+        with self.observer.graph(True):
+            self.outputs.guided, _, logp = self.draft_sampler(features)
+        return logp
 
     # ---- the one host copy per step ---------------------------------------------------------------
     def expect(self, ok: torch.Tensor, fail) -> None:
@@ -88,15 +99,15 @@ class Run:
         predicting slots cached..cached + k, for the policy's update."""
         w = self.window
         C, k = w.cached, fed.numel()
-        self.tokens.verified[C:w.end] += 1
         w.fed, w.fed_visible, w.next_cached = fed, visible, None
         w.fed_end = max(w.fed_end, C + k)
         out = self.outputs
         if not k:
+            self.tokens.verified[C:w.end] += 1
             return out.next_logits[:, None]
         self.counts.steps += 1
-        out.features[:, C:C + k] = features
-        return torch.cat([out.next_logits[:, None], logits], dim=1)
+        return region(self.model, _begin_step)(self.tokens.verified[C:w.end], out.features[:, C:C + k], features,
+                                               out.next_logits, logits)
 
     def end_step(self, logits: torch.Tensor) -> int:
         """After the policy's update: `cached` moves to cached_next() (the step's one host copy, unless the policy
@@ -118,9 +129,7 @@ class Run:
         Call it after the fed slots' final tokens are written (cached_next is read then)."""
         flags = [ok for ok, _ in self.pending]
         kept = self._fed_kept() if self.window.next_cached is None else None
-        parts = [v.reshape(1).long() for v in values] + ([kept.reshape(1)] if kept is not None else []) + \
-            [f.reshape(1).long() for f in flags]
-        out = torch.cat(parts).tolist() if parts else []
+        out = region(self.model, _stacked)(values, kept, flags).tolist() if values or kept or flags else []
         self.counts.syncs += 1
         checks, self.pending = self.pending, []
         for ok, (_, fail) in zip(out[len(out) - len(flags):], checks):
@@ -142,17 +151,15 @@ class Run:
         if self.pending:
             self.sync()
 
-    def _fed_kept(self) -> torch.Tensor:
-        """0-d: how many fed slots from `cached` keep their keys."""
+    def _fed_kept(self) -> tuple:
+        """What _kept reads to count the fed slots from `cached` that keep their keys: (final flags [k], ids now [k],
+        ids fed [k], visible [k - 1] or None)."""
         w = self.window
         k = 0 if w.fed is None else w.fed.numel()
-        if k == 0:
-            return self.index.slot_ids[0]
         C = w.cached
-        ok = self.tokens.final[C:C + k] & (self.tokens.ids[C:C + k] == w.fed)
-        if w.fed_visible is not None:  # no slot before them was hidden when fed
-            ok[1:] &= w.fed_visible[:k - 1].to(ok.device).cumprod(0).bool()
-        return ok.long().cumprod(0).sum()
+        visible = None if w.fed_visible is None or k == 0 else w.fed_visible[:k - 1].to(self.tokens.ids.device)
+        fed = self.tokens.ids[C:C] if k == 0 else w.fed
+        return self.tokens.final[C:C + k], self.tokens.ids[C:C + k], fed, visible
 
     # ---- the heads and the exactness record ----------------------------------------------------------
     def call_heads(self, network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
@@ -160,7 +167,7 @@ class Run:
         the one place the drafters call the heads, seen by the observers (the heads' share of a step's time and
         ops) and counted in counts.head_calls (the trace's)."""
         with torch.no_grad(), self.observer.heads():
-            out = network(*inputs)
+            out = region(self.model, _call)(network, *inputs)
         self.counts.head_calls += 1
         return out
 
@@ -175,8 +182,45 @@ class Run:
         if self.exact_error is None:
             return
         noise = None if self.settings.temperature == 0 else self.draws.noise.get(a, a + n)
-        ties = near_ties(raw[:, :n], self.outputs.guided[:n], logp[:n], noise, self.settings, self.exact_error)
-        self.tokens.near_tie[self.index.image_ids[a:a + n]] |= ties
+        region(self.model, _mark_near_ties)(self.tokens.near_tie, self.index.image_ids[a:a + n], raw[:, :n],
+                                            self.outputs.guided[:n], logp[:n], noise, self.settings, self.exact_error)
+
+
+# ---- the per-step work that compiles as a region of its own (static_cache.region) ---------------------------
+def _all_finite(x: torch.Tensor) -> torch.Tensor:
+    return x.isfinite().all()
+
+
+def _call(network: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    return network(*inputs)
+
+
+def _begin_step(verified, fed_features, features, next_logits, logits) -> torch.Tensor:
+    """The fed window's slots count one forward more, keep their features; -> [B, k + 1, V] the step's raw logits."""
+    verified += 1
+    fed_features.copy_(features)
+    return torch.cat([next_logits[:, None], logits], dim=1)
+
+
+def _stacked(values: tuple, kept: tuple | None, flags: list) -> torch.Tensor:
+    """What the step's one host copy reads, as [n] long: the 0-d integer values, how many fed slots keep their keys
+    (_kept of these inputs, unless None), the 0-d bool flags."""
+    counted = [] if kept is None else [_kept(*kept)]
+    return torch.stack([v.reshape(()).long() for v in values] + counted + [f.reshape(()).long() for f in flags])
+
+
+def _kept(final, ids, fed, visible) -> torch.Tensor:
+    """0-d: how many fed slots (their final flags and ids now, the ids fed) keep their keys: a prefix of final slots
+    whose token did not change, none after a slot that was hidden (visible [k - 1]: whether each could be seen)."""
+    ok = final & (ids == fed)
+    if visible is not None:  # no slot before them was hidden when fed
+        ok[1:] &= visible.cumprod(0).bool()
+    return ok.long().cumprod(0).sum()
+
+
+def _mark_near_ties(near_tie, slots, raw, guided, logp, noise, settings, error) -> None:
+    """near_tie[slots] |= the decisions at those slots that a raw-logit error could flip (exactness.near_ties)."""
+    near_tie[slots] |= near_ties(raw, guided, logp, noise, settings, error)
 
 
 @dataclass(frozen=True)

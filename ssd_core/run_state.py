@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import trace as T
-from .sampling import SamplerSettings, draw, draw_probs, gumbel, gumbel_argmax, seeded_generator, uniforms
+from .sampling import (SamplerSettings, draw, gumbel_argmax, inverse_cdf, gumbel_bits, gumbel_key, gumbel_of,
+                       seeded_generator, uniforms)
 from .slots import SlotIndex
 
 
@@ -39,8 +40,9 @@ class Tokens:
     through write, finalize and fill_holes; the engine counts the forwards (Run.begin_step) and Run.note_near_ties
     marks the near-ties."""
 
-    def __init__(self, index: SlotIndex, counts: Counts):
+    def __init__(self, index: SlotIndex, counts: Counts, region=lambda fn: fn):
         self.index, self.counts = index, counts  # counts: the step number that finalize records
+        self.region = region  # fn -> fn compiled as a graph of its own (static_cache.region with compile 'compiled')
         L, dev = index.L, index.slot_ids.device
         self.ids = index.forced_ids.clone()  # [L] sequence ids; -1 = empty
         self.codes = torch.full((L,), -1, dtype=torch.long, device=dev)  # [L] image code per slot; -1 = none
@@ -64,28 +66,37 @@ class Tokens:
 
     def write(self, slots: torch.Tensor, codes: torch.Tensor, draft=True) -> None:
         """Write codes [n] at slots [n]; draft (True, False or a [n] mask): record them as first drafts."""
-        changed = self.codes[slots] != codes  # the round in which a slot took its current value
-        self.value_seen[slots] = torch.where(changed, self.verified[slots], self.value_seen[slots])
-        self.codes[slots] = codes
-        self.ids[slots] = self.index.id_of_code[codes]
-        if draft is not False:
-            drafted = self.drafted[slots]
-            first = drafted < 0 if draft is True else (drafted < 0) & draft
-            self.drafted[slots] = torch.where(first, codes, drafted)
+        self.region(write_tokens)(self, slots, codes, draft)
 
     def finalize(self, slots: torch.Tensor, mask=None) -> None:
         """Mark image slots final with their current token (only where `mask`, a [n] or 0-d bool tensor)."""
-        if mask is None:
-            self.final[slots] = True
-            self.step_of[slots] = self.counts.steps
-            return
-        self.final[slots] |= mask
-        self.step_of[slots] = torch.where(mask, self.counts.steps, self.step_of[slots])
+        self.region(finalize_tokens)(self, slots, mask, self.counts.steps)
 
     def fill_holes(self, lo: int, hi: int) -> None:
         """The open slots in [lo, hi) get a placeholder id (code 0's): fed where no other slot may see them (zipar)."""
         window = slice(lo, hi)
         self.ids[window] = self.ids[window].where(self.final[window], self.index.id_of_code[0])
+
+
+# Tokens.write and finalize, as functions a compiled region (static_cache.region) runs or calls
+def write_tokens(tokens: Tokens, slots: torch.Tensor, codes: torch.Tensor, draft) -> None:
+    changed = tokens.codes[slots] != codes  # the round in which a slot took its current value
+    tokens.value_seen[slots] = torch.where(changed, tokens.verified[slots], tokens.value_seen[slots])
+    tokens.codes[slots] = codes
+    tokens.ids[slots] = tokens.index.id_of_code[codes]
+    if draft is not False:
+        drafted = tokens.drafted[slots]
+        first = drafted < 0 if draft is True else (drafted < 0) & draft
+        tokens.drafted[slots] = torch.where(first, codes, drafted)
+
+
+def finalize_tokens(tokens: Tokens, slots: torch.Tensor, mask, step: int) -> None:
+    if mask is None:
+        tokens.final[slots] = True
+        tokens.step_of[slots] = step
+        return
+    tokens.final[slots] |= mask
+    tokens.step_of[slots] = torch.where(mask, step, tokens.step_of[slots])
 
 
 class Window:
@@ -140,12 +151,16 @@ class Draws:
     per open image slot (by rank, from the window's first open slot on), the distribution its token was drawn from
     (q) and its Gumbel noise (a function of the seed and the slot)."""
 
-    def __init__(self, settings: SamplerSettings, index: SlotIndex, window: Window, width: int, device):
+    def __init__(self, settings: SamplerSettings, index: SlotIndex, window: Window, width: int, device,
+                 region=lambda fn: fn):
         self.settings, self.index, self.window = settings, index, window
+        self.region = region  # as Tokens.region
         self.width = width  # image cells a row: the noise is made a row ahead
         self.rng = seeded_generator(settings.seed, device)
         self.q = SlotTable(index.V, device)  # [open slots, V] the distribution each token was drawn from
         self.noise = SlotTable(index.V, device)  # [open slots, V] each slot's Gumbel noise
+        self.key = torch.tensor(gumbel_key(settings.seed), device=device)  # 0-d: the noise's key (gumbel_bits)
+        self.codes = torch.arange(index.V, device=device)  # [V] every image code
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         """Independent samples from rows of log p (the seeded generator of this run)."""
@@ -153,7 +168,8 @@ class Draws:
 
     def sample_probs(self, p: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
         """sample() from probabilities p [n, V]; u [n, 1]: with the uniforms drawn earlier by uniforms_ahead."""
-        return draw_probs(p, self.rng, u)
+        u = uniforms(self.rng, p.shape[0]) if u is None else u  # the generator's numbers, drawn eagerly
+        return self.region(inverse_cdf)(p, u)
 
     def uniforms_ahead(self, n: int) -> torch.Tensor:
         """[n, 1] the uniforms that the next n rows of sample_probs would take, drawn now (sampling.uniforms)."""
@@ -176,8 +192,9 @@ class Draws:
             first, W = self.index.images_before[self.window.final_end], self.width
             lo, hi = max(self.noise.hi, first), min(len(self.index.image_slots), max(b + W - 1, first + W))
             self.noise.span(first, hi)
-            self.noise.put(lo, gumbel(self.settings.seed, self.index.image_ids[lo:hi], self.index.V))
-        return gumbel_argmax(logp.float(), self.noise.get(a, b))
+            bits = self.region(gumbel_bits)(self.key, self.index.image_ids[lo:hi], self.codes)
+            self.noise.put(lo, gumbel_of(bits))  # sampling.gumbel's noise
+        return self.region(gumbel_argmax)(logp.float(), self.noise.get(a, b))
 
     def q_at(self, a: int, b: int) -> torch.Tensor:
         """[n, V] the distributions the current tokens of the open image slots of ranks [a, b) were drawn from."""

@@ -164,9 +164,14 @@ def draw(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def draw_probs(p: torch.Tensor, generator: torch.Generator, u: torch.Tensor | None = None) -> torch.Tensor:
     """draw() from probabilities p [n, V] (rows need not sum to 1). u [n, 1]: the uniforms to draw with (made
     earlier by `uniforms`, the very numbers this call would take from the generator), else new ones."""
-    cdf = p.float().cumsum(-1).to(generator.device)  # [n, V]
-    u = (uniforms(generator, cdf.shape[0]) if u is None else u) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    p = p.to(generator.device)
+    return inverse_cdf(p, uniforms(generator, p.shape[0]) if u is None else u)
+
+
+def inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """codes [n]: for each row of p [n, V] the first code whose cumulative probability exceeds u [n, 1] x its total."""
+    cdf = p.float().cumsum(-1)  # [n, V]
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
@@ -212,11 +217,21 @@ def gumbel(seed: int, slots: torch.Tensor, vocab: int) -> torch.Tensor:
     The same (seed, slot) gives the same noise in every decoder and every window, so Gumbel-max sampling
     is a deterministic function of the seed; only the slots asked for are ever materialised.
     """
-    key = _mix_int(_signed(seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019))  # a host number: no device copy
-    base = _mix(key ^ (slots.long() * _signed(0xD1B54A32D192ED03)))
     codes = torch.arange(vocab, dtype=torch.long, device=slots.device)
-    bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
-    return gumbel_of(shr53(bits))
+    return gumbel_of(gumbel_bits(gumbel_key(seed), slots, codes))  # the key a host number: no device copy
+
+
+def gumbel_key(seed: int) -> int:
+    """The seed's key of the noise (a signed 64-bit number)."""
+    return _mix_int(_signed(seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019))
+
+
+def gumbel_bits(key, slots: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """[n, V] whole numbers in [0, 2^53) of (key, slot, code): what gumbel_of turns into the noise. key: gumbel_key's
+    number, or it as a 0-d int64 tensor (a compiled region's input: integer arithmetic, so compiled and eager agree
+    bit for bit; the logs of gumbel_of stay eager, where a compiled log could round another way)."""
+    base = _mix(key ^ (slots.long() * _signed(0xD1B54A32D192ED03)))
+    return shr53(_mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15)))
 
 
 def gumbel_of(m: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ class StaticOptions:
     pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, layers, eager step, compiled step)
     shapes: set = field(default_factory=set)  # the (streams, capacity) shapes compiled so far (MAX_SHAPES at most)
     samplers: dict = field(default_factory=dict)  # sampler values -> the compiled guided sampling (sampler_graph)
+    regions: dict = field(default_factory=dict)  # function -> it compiled (region): the policies' per-step work
     lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
 
 
@@ -281,26 +282,48 @@ def _step_function(model, cache, backend: str | None):
     return torch.compile(step, backend=backend, mode="reduce-overhead" if cudagraphs else None, dynamic=False)
 
 
-def sampler_graph(model, settings):
+def sampler_graph(model, settings, features: bool = False):
     """With compile 'compiled': the sampler's processing of raw logits [B, n, V] as one compiled graph -> (guided
     logits [n, V], 0-d bool: every row finite, processed log p [n, V]): guidance, min-p, temperature, top-k / top-p and
-    log-softmax, ~17 eager ops a call otherwise. One per set of sampler values (they are constants of the graph; n is
-    dynamic); None when the model's steps are not compiled (the eager functions run)."""
+    log-softmax, ~17 eager ops a call otherwise; features: of pre-norm features [B, n, d] (the heads' drafts), the
+    model's image logits first. One per set of sampler values (they are constants of the graph; n is dynamic); None
+    when the model's steps are not compiled (the eager functions run)."""
     opts = getattr(model, "static", None)
     if opts is None or not opts.compiled:
         return None
-    key = (settings.cfg, settings.min_p, settings.temperature, settings.top_k, settings.top_p)
+    key = (settings.cfg, settings.min_p, settings.temperature, settings.top_k, settings.top_p, features)
     if key not in opts.samplers:
-        if len(opts.samplers) >= MAX_SHAPES:  # a session sweeping sampler values keeps the newest 6 functions; past
-            # dynamo's recompile limit for their one code object the sampling runs eagerly (the same functions)
+        if len(opts.samplers) >= 2 * MAX_SHAPES:  # a session sweeping sampler values keeps the newest 12 functions;
+            # past dynamo's recompile limit for their one code object the sampling runs eagerly (the same functions)
             opts.samplers.pop(next(iter(opts.samplers)))
 
-        def process(logits, s=settings):
-            guided = guide(logits, s.cfg, s.min_p)
+        def process(x, s=settings, m=model if features else None):
+            guided = guide(x if m is None else m.image_logits(x), s.cfg, s.min_p)
             return guided, all_rows_finite(guided), log_probs(guided, s, check=False)
 
         opts.samplers[key] = torch.compile(process, backend=opts.backend, dynamic=True)
     return opts.samplers[key]
+
+
+REGIONS: set = set()  # every function some model compiled as a region in this process (its graphs: tests count them)
+
+
+def region(model, fn):
+    """With compile 'compiled': `fn` (a module-level function of tensors, modules and settings) as one compiled graph,
+    shapes dynamic, each call one launch of opcount's compiled view: a policy's per-step work (the heads' networks,
+    the drafts' logits, the near-tie record, the token writes), dozens of eager ops a call otherwise. Else `fn`."""
+    opts = getattr(model, "static", None)
+    if opts is None or not opts.compiled:
+        return fn
+    graph = opts.regions.get(fn)
+    if graph is None:
+        graph = opts.regions[fn] = torch.compile(fn, backend=opts.backend, dynamic=True)
+        REGIONS.add(fn)
+
+    def launch(*args):
+        with Observers(ambient()).graph(True):
+            return graph(*args)
+    return launch
 
 
 def _may_compile(opts: StaticOptions, key: tuple[int, int]) -> bool:

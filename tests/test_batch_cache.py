@@ -177,13 +177,15 @@ def test_a_compiled_step_keeps_its_shape_when_images_leave(tmp_path):
     heads = ssd_core.load_heads(make_heads(model, folder / "heads.safetensors"), model)
     prompts, seeds = [0, 2, 1], [3, 40, 500]
     kw = dict(decoder="ssd-exact", cfg=3.0, temperature=1.0, top_k=5, draft_rows=2, decode_pixels=False, score=False)
-    from test_compile_bounded import sampler_graphs
+    from test_compile_bounded import region_graphs, sampler_graphs
 
     graphs = counters["stats"]["unique_graphs"]
-    samplers = sampler_graphs()
+    samplers, regions = sampler_graphs(), sum(region_graphs().values())
     batch = ssd_core.generate_batch(model, heads, prompts=prompts, seeds=seeds, **kw)
-    # one step graph for the whole run; the rest are the guided sampling's (static_cache.sampler_graph)
-    assert counters["stats"]["unique_graphs"] - graphs == 1 + sampler_graphs() - samplers
+    # one step graph for the whole run; the rest are the guided sampling's (static_cache.sampler_graph) and the
+    # policy's regions' (static_cache.region)
+    made = counters["stats"]["unique_graphs"] - graphs
+    assert made == 1 + sampler_graphs() - samplers + sum(region_graphs().values()) - regions
     assert len({r.trace.steps for r in batch}) > 1  # images left while the others went on
     plain = ssd_core.load_model(folder)
     _same(batch, [ssd_core.generate(plain, heads, prompt=p, seed=s, **kw) for p, s in zip(prompts, seeds)])

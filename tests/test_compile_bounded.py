@@ -82,11 +82,16 @@ def test_twelve_prompt_lengths_and_two_batch_sizes_compile_a_fixed_few_graphs(tm
     # and the guided sampling's graphs (static_cache.sampler_graph: one set of sampler values here, the window's
     # length dynamic): a few, whatever the prompts and batches
     samplers = sampler_graphs()
-    assert set(shapes) == shapes_once and graphs == len(fed) + samplers and len(fed) <= 2 * buckets * len(shapes)
-    assert 1 <= samplers <= 4, samplers
+    # and the policies' regions (static_cache.region: the heads' networks, the token writes, the acceptance, ...):
+    # a few graphs each (shapes dynamic; a flag's values or an argument count apart), whatever the prompts
+    regions = region_graphs()
+    assert set(shapes) == shapes_once and len(fed) <= 2 * buckets * len(shapes)
+    assert graphs == len(fed) + samplers + sum(regions.values()), (graphs, len(fed), samplers, regions)
+    assert 1 <= samplers <= 8, samplers
+    assert len(regions) >= 8 and max(regions.values()) <= 12, sorted(regions.items())
     assert sum(counters["graph_break"].values()) == 0
-    print(f"\ncompiled graphs: {graphs} ({samplers} of the sampling) for {len(PROMPTS)} prompt lengths x batch 1 "
-          f"and 4 ({buckets} buckets, shapes {shapes})")
+    print(f"\ncompiled graphs: {graphs} ({samplers} of the sampling, {sum(regions.values())} of {len(regions)} regions) "
+          f"for {len(PROMPTS)} prompt lengths x batch 1 and 4 ({buckets} buckets, shapes {shapes}); regions: {regions}")
 
 
 def sampler_graphs() -> int:
@@ -96,3 +101,11 @@ def sampler_graphs() -> int:
 
     code = next(c for c in static_cache.sampler_graph.__code__.co_consts if getattr(c, "co_name", "") == "process")
     return len(_debug_get_cache_entry_list(code))
+
+
+def region_graphs() -> dict[str, int]:
+    """The graphs dynamo holds for each compiled region (static_cache.region's functions: every model of this
+    process), by function name."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return {fn.__name__: len(_debug_get_cache_entry_list(fn.__code__)) for fn in static_cache.REGIONS}

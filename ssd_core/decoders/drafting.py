@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..run import Run
+from ..static_cache import region
 
 
 def feature(run: Run, slot: int) -> torch.Tensor:
@@ -17,6 +18,15 @@ def feature(run: Run, slot: int) -> torch.Tensor:
 
 def _embed(run: Run, ids: torch.Tensor) -> torch.Tensor:
     return run.model.embed(ids[None])[0]  # [n] ids -> [n, d]
+
+
+def _embed_codes(run: Run, codes: torch.Tensor) -> torch.Tensor:
+    """[n] image codes -> [n, d] their tokens' embeddings (one launch with compile 'compiled')."""
+    return region(run.model, _code_embeddings)(run.model, run.index.id_of_code, codes)
+
+
+def _code_embeddings(model, id_of_code: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    return model.embed(id_of_code[codes][None])[0]
 
 
 class Drafter:
@@ -132,7 +142,7 @@ def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> Non
                 prev = torch.cat([feature(run, s - 1)[:, None], pred[:, :-1]], dim=1)  # features predicting slots
                 run.check_heads(prev, slots)
                 before = run.index.images_before
-                codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[s], before[stop])
+                codes = pick(run.draft_logp(prev, slots), before[s], before[stop])
                 run.outputs.set_features(slice(s, stop), pred)
         else:  # horizontal chain, one slot at a time
             codes = _chain(run, feature(run, s - 1), s, stop, pick)
@@ -151,11 +161,11 @@ def _chain(run: Run, prev: torch.Tensor, lo: int, hi: int, pick, step=None, last
     picked, made = [], [prev]
     for t in range(lo, hi):
         r = run.index.images_before[t]
-        code = pick(run.logp(run.model.image_logits(prev[:, None]), run.index.slots(t, t + 1), "heads"), r, r + 1)
+        code = pick(run.draft_logp(prev[:, None], run.index.slots(t, t + 1)), r, r + 1)
         picked.append(code)
         if t == hi - 1 and not last_feature:
             break
-        token = _embed(run, run.index.id_of_code[code])[0]
+        token = _embed_codes(run, code)[0]
         prev = run.call_heads(run.heads.horizontal, prev, token) if step is None else step(run, t, prev, token, before)
         before = token
         made.append(prev)
@@ -177,14 +187,14 @@ def _jacobi_row(run: Run, lo: int, hi: int, pick, sweeps: int) -> torch.Tensor:
     codes = run.tokens.codes[slots - run.layout.row_stride]  # [n] first guess: the row above's tokens
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     for sweep in range(sweeps + 1):
-        tokens = _embed(run, run.index.id_of_code[codes])  # [n, d] the current tokens
+        tokens = _embed_codes(run, codes)  # [n, d] the current tokens
         feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))  # [B, n, d] each cell's feature
         if sweep == sweeps:
             break
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features predicting the slots
         run.check_heads(prev, slots)
         before = run.index.images_before
-        codes = pick(run.logp(run.model.image_logits(prev), slots, "heads"), before[lo], before[hi])
+        codes = pick(run.draft_logp(prev, slots), before[lo], before[hi])
     run.outputs.set_features(slice(lo, hi), feats)
     return codes
 
@@ -209,11 +219,11 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     codes = run.tokens.codes[slots - stride]  # the first guess: the row above's tokens
     for _ in range(sweeps):
-        tokens = _embed(run, run.index.id_of_code[codes])  # [n, d]
+        tokens = _embed_codes(run, codes)  # [n, d]
         # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
         feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
         prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
-        p = run.logp(run.model.image_logits(prev), slots, "heads").exp()  # [n, V] each cell's q
+        p = run.draft_logp(prev, slots).exp()  # [n, V] each cell's q
         guess, codes = codes, run.draws.sample_probs(p, u)
     run.check_heads(prev, slots)
     m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
@@ -224,7 +234,7 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     run.outputs.set_features(slice(lo, lo + m), feats[:, :m])  # features of cells whose two codes were final
     qs = [p[:m + 1]]
     step = _left_steps(run, lo, hi, parts)
-    e = _embed(run, run.index.id_of_code[codes[max(m - 1, 0):m + 1]])  # [1 or 2, d] the codes of cells m-1, m
+    e = _embed_codes(run, codes[max(m - 1, 0):m + 1])  # [1 or 2, d] the codes of cells m-1, m
     f = step(run, lo + m, None, e[-1], e[0] if m > 0 else None)  # the feature at cell m, which drafts cell m + 1
     run.outputs.set_features(lo + m, f)
     if m + 1 < n:

@@ -14,6 +14,8 @@ output. The choices and their measured steps and ops per step: docs/speed.md, "G
 from .. import calibrate, exactness
 from ..errors import SSDError
 from ..run import Policy, Run
+from ..run_state import Tokens, finalize_tokens, write_tokens
+from ..static_cache import region
 from .drafting import Drafter, coupled, drafter_for, rows_end
 
 
@@ -70,18 +72,13 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
         return None
     slots = run.index.image_ids[a:b]
     last = run.index.image_slots[b - 1]
-    logp = run.logp(logits[:, slots - C], slots)
+    raw = region(run.model, _columns)(logits, slots, C)  # [B, n, V]
+    logp = run.logp(raw, slots)
     latest = logp[-1]
     verdict = run.draws.gumbel_sample(logp, a, b)  # verifier outputs
-    match = run.tokens.codes[slots] == verdict
-    if last >= end:  # the slot past the window was not fed: nothing to match
-        match[-1] = False
-    lead = match.long().cumprod(0).sum()  # the leading matches
-    final = run.index.slot_ids[:b - a] <= lead  # ... plus the first mismatch (its context was all final)
-    run.tokens.write(slots, verdict, draft=~final)  # Jacobi: the verifier's outputs are the new drafts
-    run.tokens.finalize(slots, final)
+    lead = region(run.model, _accept)(run.tokens, slots, verdict, last >= end, run.counts.steps)
     n_final = min(run.sync(lead)[0] + 1, b - a)
-    run.note_near_ties(logits[:, slots - C], logp, a, n_final)  # scores only the n_final final decisions
+    run.note_near_ties(raw, logp, a, n_final)  # scores only the n_final final decisions
     last_final = run.index.image_slots[a + n_final - 1]
     if n_final < b - a:  # a correction: the drafter may re-draft after it from the corrected token
         drafter.corrected(run, last_final)
@@ -89,3 +86,22 @@ def verify(run: Run, logits, drafter: Drafter, stop: int | None = None):
     if last >= end and end < run.index.L:
         win.set_end(end + 1)
     return latest
+
+
+def _accept(tokens: Tokens, slots, verdict, past_end: bool, step: int):
+    """Prefix acceptance of the drafts at slots [n] against the verifier's outputs verdict [n] (past_end: the last
+    slot was not fed, nothing to match): the leading matches plus the first mismatch (its context was all final)
+    become final, the verifier's outputs the drafts of the rest (Jacobi). -> 0-d: the leading matches."""
+    match = tokens.codes[slots] == verdict
+    if past_end:
+        match[-1] = False
+    lead = match.long().cumprod(0).sum()
+    final = tokens.index.slot_ids[:slots.shape[0]] <= lead
+    write_tokens(tokens, slots, verdict, ~final)
+    finalize_tokens(tokens, slots, final, step)
+    return lead
+
+
+def _columns(logits, slots, first: int):
+    """The step's logits [B, k + 1, V] (predicting slots first, first + 1, ...) at slots [n] -> [B, n, V]."""
+    return logits[:, slots - first]
