@@ -18,7 +18,12 @@ def float64_gumbel(seed, slots, vocab):
     base = _mix(key ^ (slots.long() * _signed(0xD1B54A32D192ED03)))
     codes = torch.arange(vocab, dtype=torch.long, device=slots.device)
     bits = _mix(base[:, None] + codes[None, :] * _signed(0x9E3779B97F4A7C15))
-    u = (shr53(bits).double() + 0.5) / float(1 << 53)
+    return float64_gumbel_of(shr53(bits))
+
+
+def float64_gumbel_of(m):
+    """sampling.gumbel_of as the pack computed it before: in float64."""
+    u = (m.double() + 0.5) / float(1 << 53)
     return (-torch.log(-torch.log(u))).float()
 
 
@@ -48,7 +53,7 @@ def test_todays_seeds_keep_their_images(bundled, monkeypatch):
     kw = dict(prompt=5, grid=(12, 24), decode_pixels=False, score=False)
     # seeds 0 and 1 as one batch (one forward a step for both; each image its single run's tokens: test_batch)
     now = [r.tokens for r in ssd_core.generate_batch(model, None, decoder="ar", seeds=[0, 1], **kw)]
-    monkeypatch.setattr(run_state, "gumbel", float64_gumbel)
+    monkeypatch.setattr(run_state, "gumbel_of", float64_gumbel_of)  # the runs' noise (Draws), as before
     before = [r.tokens for r in ssd_core.generate_batch(model, None, decoder="ar", seeds=[0, 1], **kw)]
     exact = ssd_core.generate(model, heads, decoder="ssd-exact", seed=0, **kw).tokens
     for a, b in zip(now, before):
