@@ -19,6 +19,7 @@ import torch
 from ..acceptance import record_checks
 from ..run import Policy, Run
 from ..sampling import rejected, residual_and_mass
+from ..static_cache import region
 from .drafting import HeadsDrafter, coupled, rows_end, sampled
 from .exact import verify as verify_exactly
 
@@ -77,11 +78,10 @@ class SSDPolicy(Policy):
         if b > a:
             self.rounds += 1
             slots = run.index.image_ids[a:b]
-            p = run.logp(_window(run, logits, a, b), slots).exp()  # [n, V] verifier, on the model's device
-            q = run.draws.q_at(a, b)  # [n, V] what each token was drawn from
-            tok = run.tokens.codes[slots]
-            bad = rejected(run.draws.uniform(b - a), p, q, tok)
-            fix, mass = residual_and_mass(p, q)
+            logp = run.logp(_window(run, logits, a, b), slots)  # [n, V] verifier, on the model's device
+            # p [n, V], the tokens [n], which are rejected [n], the residuals [n, V] and their masses [n, 1]
+            p, tok, bad, fix, mass = region(run.model, _judge)(logp, run.draws.q_at(a, b), run.tokens.codes, slots,
+                                                               run.draws.uniform(b - a))
             record_checks(run, self.rounds - 1, a, b, bad, mass)
             fixes = run.draws.sample_probs(fix)  # a residual draw for every slot
             run.tokens.write(slots, torch.where(bad, fixes, tok), draft=False)
@@ -125,3 +125,12 @@ def _window(run: Run, logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
     if run.index.image_slots[b - 1] - run.index.image_slots[a] == b - a - 1:
         return logits[:, lo:lo + b - a]
     return logits[:, run.index.image_ids[a:b] - run.window.cached]
+
+
+def _judge(logp, q, codes, slots, u):
+    """A lossy block's verification: the verifier's p = exp(logp) [n, V] against q [n, V], what each token codes[slots]
+    was drawn from, with uniforms u [n] -> (p, the tokens, which are rejected, the residuals, their masses)."""
+    p = logp.exp()
+    tok = codes[slots]
+    fix, mass = residual_and_mass(p, q)
+    return p, tok, rejected(u, p, q, tok), fix, mass
