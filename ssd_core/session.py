@@ -229,9 +229,7 @@ class Session(KVSession):
             allowed[:, :, :P] &= self.prompt_mask[:, None, :]
             allowed[:, :, P:P + past] = held_columns(held, past)[:, None, :]
             allowed[:, :, P + past:] = win
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None]
+        return additive_mask(allowed, dtype)
 
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         embeds = self.m.embed(ids)
@@ -256,6 +254,11 @@ class Session(KVSession):
 
     def _keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, n, keys] bool -> the attention mask [B, 1, n, keys] in dtype: 0 where allowed, the dtype's min elsewhere."""
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
 
 
 def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

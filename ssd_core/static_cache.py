@@ -23,7 +23,7 @@ import torch
 from .errors import SSDError
 from .observer import Observers, ambient
 from .sampling import all_rows_finite, guide, log_probs
-from .session import KVSession, Prompt, cache_kwarg, layer_tensors
+from .session import KVSession, Prompt, additive_mask, cache_kwarg, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
 WINDOW_ROWS = 5  # the widest window the buckets fit: ssd-exact's most drafted rows at its default (calibrate.MAX_ROWS,
@@ -60,7 +60,7 @@ class StaticOptions:
     pool: dict = field(default_factory=dict)  # (streams, capacity) -> (StaticCache, layers, eager step, compiled step)
     shapes: set = field(default_factory=set)  # the (streams, capacity) shapes compiled so far (MAX_SHAPES at most)
     samplers: dict = field(default_factory=dict)  # sampler values -> the compiled guided sampling (sampler_graph)
-    regions: dict = field(default_factory=dict)  # function -> it compiled (region): the policies' per-step work
+    regions: dict = field(default_factory=dict)  # function -> its compiled graph's launcher (region): per-step work
     lock: threading.RLock = field(default_factory=threading.RLock)  # one generation at a time uses the pool
 
 
@@ -249,6 +249,11 @@ def _layers_function(model, cache):
     return layers
 
 
+def _with_spare(t: torch.Tensor, spare: int) -> torch.Tensor:
+    """t [B, ...] with `spare` more rows, copies of row 0 (a compiled step's rows of images that left)."""
+    return torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) if spare else t
+
+
 def _step_function(model, cache, backend: str | None):
     """The verify step, the forward's preparation inside it: (ids [B, w], window [1 or B, w, w] bool: which fed
     token sees which, steps [1 or B, w]: the fed tokens' positions from the held count, held [B]: each row's held
@@ -257,7 +262,6 @@ def _step_function(model, cache, backend: str | None):
     first + held.max() (the cache's slot columns: the most any row holds); every number is a tensor, so one graph
     per (B, w) serves every step, prompt and position."""
     layers = _layers_function(model, cache)
-    lowest = torch.finfo(model.dtype).min
     with torch.no_grad():  # what the head makes once (a family's image rows, base.rows_logits) is made now, not traced
         model.image_logits(torch.zeros(1, model.hidden_size, dtype=model.dtype, device=model.device))
 
@@ -269,7 +273,7 @@ def _step_function(model, cache, backend: str | None):
         in_window = window[:, :, offset.clamp(0, width - 1)] & ((offset >= 0) & (offset < width))  # [1 or B, w, C]
         held_keys = (keys >= first) & (keys < start) & (keys - first < held[:, None])  # [B, C] each row's held slots
         allowed = prompt_keys[:, None, :] | in_window | held_keys[:, None, :]  # [B, w, C]
-        mask = torch.where(allowed, 0.0, lowest).to(model.dtype)[:, None]
+        mask = additive_mask(allowed, model.dtype)
         positions = real_len[:, None] + held[:, None] + steps
         feats = layers(model.embed(ids), mask, positions, start + torch.arange(width, device=ids.device))
         return feats, model.image_logits(feats)
@@ -315,14 +319,15 @@ def region(model, fn):
     opts = getattr(model, "static", None)
     if opts is None or not opts.compiled:
         return fn
-    graph = opts.regions.get(fn)
-    if graph is None:
-        graph = opts.regions[fn] = torch.compile(fn, backend=opts.backend, dynamic=True)
-        REGIONS.add(fn)
+    launch = opts.regions.get(fn)
+    if launch is None:  # made once per model and function, not per call
+        graph = torch.compile(fn, backend=opts.backend, dynamic=True)
 
-    def launch(*args):
-        with Observers(ambient()).graph(True):
-            return graph(*args)
+        def launch(*args):
+            with Observers(ambient()).graph(True):
+                return graph(*args)
+        opts.regions[fn] = launch
+        REGIONS.add(fn)
     return launch
 
 
@@ -390,7 +395,7 @@ class StaticSession(KVSession):
         keys = torch.arange(self.capacity, device=dev)
         causal = keys[None, :] <= torch.arange(self.prompt_len, device=dev)[:, None]  # [P, C]
         allowed = causal[None] & torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))[:, None]
-        mask = torch.where(allowed, 0.0, torch.finfo(self.m.dtype).min).to(self.m.dtype)[:, None]
+        mask = additive_mask(allowed, self.m.dtype)
         _set_length(self.cache, 0)
         with torch.no_grad(), _live_rows(self.cache, self.batch):
             return self._layers_eager(self.m.embed(ids), mask, pos, self.ramp(self.prompt_len))
@@ -420,10 +425,8 @@ class StaticSession(KVSession):
                 if self.m.device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
                 spare = self.rows - self.batch  # rows of images that left: row 0 again keeps the compiled shape
-                if spare:
-                    ids, held = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (ids, held))
-                    window, steps = (t if t.shape[0] == 1 else torch.cat([t, t[:1].expand(spare, *t.shape[1:])])
-                                     for t in (window, steps))
+                ids, held = _with_spare(ids, spare), _with_spare(held, spare)
+                window, steps = (t if t.shape[0] == 1 else _with_spare(t, spare) for t in (window, steps))
                 with Observers(ambient()).graph(True):  # one graph launch (opcount's compiled view)
                     feats, raw = self._compiled(ids, window, steps, held, prompt_keys, first, real_len)
                 return feats[:self.batch].clone(), raw[:self.batch].clone()
@@ -438,10 +441,7 @@ class StaticSession(KVSession):
             spare = self.rows - self.batch
             keys = torch.nn.functional.pad(self.prompt_mask, (0, self.capacity - self.prompt_len))
             first = torch.full((), self.prompt_len, dtype=torch.long, device=self.m.device)
-            real_len = self.real_len
-            if spare:
-                keys, real_len = (torch.cat([t, t[:1].expand(spare, *t.shape[1:])]) for t in (keys, real_len))
-            self._constants = (self.prompt_mask, (keys, first, real_len))
+            self._constants = (self.prompt_mask, (_with_spare(keys, spare), first, _with_spare(self.real_len, spare)))
         return self._constants[1]
 
     def _window(self, width: int, visible: torch.Tensor | None) -> torch.Tensor:
