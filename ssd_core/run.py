@@ -18,7 +18,7 @@ from .observer import NONE
 from .run_state import Counts, Draws, Outputs, Tokens, Window
 from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
 from .session import KVSession, Layout
-from .static_cache import region, sampler_graph
+from .static_cache import compiles_regions, region, sampler_graph
 from .slots import SlotIndex
 
 
@@ -68,14 +68,15 @@ class Run:
                         lambda: check_finite(guided, self.settings, slots, logits, source))
         return log_probs(guided, self.settings, check=False) if logp is None else logp
 
-    def check_heads(self, features: torch.Tensor, slots: torch.Tensor) -> None:
+    def check_heads(self, features: torch.Tensor, slots: torch.Tensor, finite: torch.Tensor | None = None) -> None:
         """At the step's sync: the features [B, n, d] the heads drafted slots [n] from are finite (else the heads
-        are broken; non-finite logits from finite features would be the model's, caught at its verification)."""
+        are broken; non-finite logits from finite features would be the model's, caught at its verification).
+        finite: that check, already made (0-d bool, by a region that made the features)."""
         def fail():
             bad = ~features.isfinite().all(-1).all(0)  # [n] slots drafted from a non-finite feature
             raise SSDError(not_finite_message(bad, self.settings, slots, None, "heads"))
 
-        self.expect(region(self.model, _all_finite)(features), fail)
+        self.expect(region(self.model, _all_finite)(features) if finite is None else finite, fail)
 
     def draft_logp(self, features: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """The heads' features [B, n, d] -> [n, V] processed log p of the slots [n] they draft: logp of the model's
@@ -170,6 +171,14 @@ class Run:
             out = region(self.model, _call)(network, *inputs)
         self.counts.head_calls += 1
         return out
+
+    def heads_network(self, network: torch.nn.Module):
+        """A draft head's network as a function that runs as one region (static_cache.region) calls it: the network
+        itself when the region compiles (its ops inside the graph; the caller counts the call), else through
+        call_heads (observed and counted as every call)."""
+        if compiles_regions(self.model):
+            return network
+        return lambda *inputs: self.call_heads(network, *inputs)
 
     def track_exactness(self, error_bound: torch.Tensor) -> None:
         """From now on note_near_ties marks the final decisions a raw-logit error of error_bound (0-d) could flip."""

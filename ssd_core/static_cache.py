@@ -312,13 +312,19 @@ def sampler_graph(model, settings, features: bool = False):
 REGIONS: set = set()  # every function some model compiled as a region in this process (its graphs: tests count them)
 
 
+def compiles_regions(model) -> bool:
+    """Whether region() compiles for this model (compile 'compiled')."""
+    opts = getattr(model, "static", None)
+    return opts is not None and opts.compiled
+
+
 def region(model, fn):
     """With compile 'compiled': `fn` (a module-level function of tensors, modules and settings) as one compiled graph,
     shapes dynamic, each call one launch of opcount's compiled view: a policy's per-step work (the heads' networks,
     the drafts' logits, the near-tie record, the token writes), dozens of eager ops a call otherwise. Else `fn`."""
-    opts = getattr(model, "static", None)
-    if opts is None or not opts.compiled:
+    if not compiles_regions(model):
         return fn
+    opts = model.static
     launch = opts.regions.get(fn)
     if launch is None:  # made once per model and function, not per call
         graph = torch.compile(fn, backend=opts.backend, dynamic=True)

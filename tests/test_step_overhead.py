@@ -245,7 +245,6 @@ def test_the_compiled_view_counts_a_forwards_preparation_and_one_launch_a_graph(
 # one launch. Counted with dynamo's capture (backend 'eager': the same calls, regions and launches as inductor, no
 # compiler build), on a 12x12 image; tools/compiled_ops.py gives the 24x24 figures on the CPU inductor (docs/speed.md)
 COMPILED_BUDGET = 40
-OVER_BUDGET = {"ssd": 52}  # ssd's drafts (the rows' certified sweeps and chains) are not within 40 yet: its figure now
 
 
 def test_the_compiled_path_runs_at_most_40_eager_ops_a_step():
@@ -266,4 +265,4 @@ def test_the_compiled_path_runs_at_most_40_eager_ops_a_step():
         assert torch.equal(r.tokens, ssd_core.generate(plain, drafter, **kw).tokens), (decoder, rows)
         found[decoder if rows is None else f"{decoder}@{rows}"] = round(ops.per_step(), 1)
     print(f"\neager ops a step, compiled (12x12): {found}")
-    assert all(v <= OVER_BUDGET.get(k, COMPILED_BUDGET) for k, v in found.items()), found
+    assert all(v <= COMPILED_BUDGET for v in found.values()), found

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..run import Run
-from ..static_cache import region
+from ..sampling import guide, inverse_cdf, log_probs
+from ..static_cache import compiles_regions, region
 
 
 def feature(run: Run, slot: int) -> torch.Tensor:
@@ -86,7 +87,8 @@ class HeadsDrafter(Drafter):
         self.pick, self.sweeps, self.redraft = pick, sweeps, redraft
 
     def draft(self, run: Run, target: int, latest: torch.Tensor | None = None, can_sync: bool = False) -> None:
-        certify = CERTIFY_SWEEPS if self.pick is sampled and can_sync else 0
+        sweeps = CERTIFY_SWEEPS_COMPILED if compiles_regions(run.model) else CERTIFY_SWEEPS
+        certify = sweeps if self.pick is sampled and can_sync else 0
         draft(run, target, lambda logp, a, b: self.pick(run, logp, a, b), self.sweeps, certify)
 
     def corrected(self, run: Run, slot: int) -> None:
@@ -103,6 +105,8 @@ def drafter_for(run: Run, use_heads: bool = True, **options) -> Drafter:
 
 CERTIFY_SWEEPS = 6  # ssd's rows below: Jacobi sweeps before the one host copy (_certified_row; the fewest ops
 #                    on the bundled model: 6-7 sweeps, then ~4 cells a row left to the chain)
+CERTIFY_SWEEPS_COMPILED = 9  # the same with compile 'compiled', where a sweep is one launch and a chain's cell five
+#                    (bundled model, 24x24, seed 7: 6 / 9 / 12 sweeps -> 41.2 / 35.6 / 34.3 eager ops a step)
 
 
 def draft(run: Run, target: int, pick, jacobi: int = 0, certify: int = 0) -> None:
@@ -218,15 +222,13 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     above, before_lo = parts
     start = feature(run, lo - 1)[:, None]  # [B, 1, d] the feature that drafts slot lo
     codes = run.tokens.codes[slots - stride]  # the first guess: the row above's tokens
-    for _ in range(sweeps):
-        tokens = _embed_codes(run, codes)  # [n, d]
-        # [B, n, d] each cell's feature from the current codes (it drafts the cell after it)
-        feats = _vertical(run, above, tokens, torch.cat([before_lo, tokens[:-1]]))
-        prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the slots
-        p = run.draft_logp(prev, slots).exp()  # [n, V] each cell's q
-        guess, codes = codes, run.draws.sample_probs(p, u)
-    run.check_heads(prev, slots)
-    m = run.sync((codes == guess).long().cumprod(0).sum())[0]  # cells before the first that moved
+    sweep, network = region(run.model, _sweep), run.heads_network(run.heads.vertical)
+    for k in range(sweeps):
+        codes, p, feats, prev, finite, m = sweep(run.model, network, run.settings, run.index.id_of_code, codes,
+                                                 above, before_lo, start, u, k == sweeps - 1)
+        run.counts.head_calls += network is run.heads.vertical  # (else call_heads counted it)
+    run.check_heads(prev, slots, finite)
+    m = run.sync(m)[0]  # cells before the first that the last sweep moved
     if m >= n:  # a fixed point: every code, q and feature is the chain's
         run.draws.put_q(a, p)
         run.outputs.set_features(slice(lo, hi), feats)
@@ -247,6 +249,21 @@ def _certified_row(run: Run, lo: int, hi: int, sweeps: int) -> torch.Tensor:
     run.draws.put_q(a, torch.cat(qs))
     return codes
 
+
+def _sweep(model, network, settings, id_of_code, codes, above, before_lo, start, u, last: bool):
+    """One Jacobi sweep of a certified row (_certified_row; one launch with compile 'compiled'): the current codes
+    [n] -> (the codes each cell's q draws now with its uniform u [n, 1], those q [n, V], each cell's feature
+    [B, n, d], the features that drafted the cells [B, n, d], 0-d bool: those are finite, 0-d: the cells before the
+    first whose code moved; the last two None unless `last`). above, before_lo: _row_above's; start [B, 1, d]: the
+    feature that drafts the first cell."""
+    tokens = model.embed(id_of_code[codes][None])[0]  # [n, d] the current codes' embeddings
+    feats = network(*_vertical_inputs(above, tokens, torch.cat([before_lo, tokens[:-1]])))  # [B, n, d]
+    prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the cells
+    q = log_probs(guide(model.image_logits(prev), settings.cfg, settings.min_p), settings, check=False).exp()
+    moved = inverse_cdf(q, u)
+    if not last:
+        return moved, q, feats, prev, None, None
+    return moved, q, feats, prev, prev.isfinite().all(), (moved == codes).long().cumprod(0).sum()
 
 def _above(run: Run, t: int, right: int = 0) -> int:
     """The slot in the row above that Hv reads for the feature at slot t (heads.vertical_shift columns right,
@@ -270,9 +287,13 @@ def _row_above(run: Run, lo: int, hi: int) -> tuple[list, torch.Tensor]:
 def _vertical(run: Run, above: list, token: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
     """A vertical_left Hv's features from the row above's parts (_row_above, or one cell of them), the drafted
     cells' token embeddings and (level 2) the embeddings of the tokens just before them."""
+    return run.call_heads(run.heads.vertical, *_vertical_inputs(above, token, before))
+
+
+def _vertical_inputs(above: list, token: torch.Tensor, before: torch.Tensor) -> tuple:
+    """The inputs of a vertical_left Hv, in its order (see _vertical)."""
     (f_up, e_up), (f_right, e_right), *upleft = above
-    more = [before, *upleft[0]] if upleft else []
-    return run.call_heads(run.heads.vertical, f_up, e_up, token, f_right, e_right, *more)
+    return (f_up, e_up, token, f_right, e_right, *([before, *upleft[0]] if upleft else []))
 
 
 def _left_steps(run: Run, lo: int, hi: int, parts: tuple | None = None):
