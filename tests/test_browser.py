@@ -219,6 +219,17 @@ def test_the_model_default_values_read_auto(browser_run):
     assert auto["seed"]["shown"] != "auto" and -1 in auto["saved"], auto
 
 
+def test_the_model_default_values_say_auto_under_the_vue_node_renderer(browser_run):
+    """Nodes 2.0 (the Vue renderer) draws its own number inputs, which show -1: the auto values' labels say "auto"
+    there, a typed value drops it, and back on the canvas renderer the labels are the names again."""
+    vue = browser_run["vueNodes"]
+    assert vue["on"], vue
+    assert vue["before"]["cfg"] == "cfg \u00b7 auto" and vue["before"]["draft_rows"] == "draft_rows \u00b7 auto", vue
+    assert vue["before"]["seed"] == "seed", vue  # a value with no auto keeps its name
+    assert vue["value"] == 2.5 and vue["typed"]["cfg"] == "cfg", vue
+    assert vue["canvasLabel"] == "cfg", vue  # node 4's cfg is still auto: on the canvas the value says it
+
+
 def test_the_widget_is_made_when_the_node_has_no_widgets_array(browser_run):
     assert browser_run["noWidgets"] == {"error": None, "widgets": 1, "api": True}
 

@@ -4,7 +4,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import {
   draw, cellAt, normalizeTrace, hoverText, mergeBatch, batchFromOutput, selectedTrace, selectImage, batchLabel,
-  autoText, AUTO_VALUES,
+  autoText, AUTO_VALUES, AUTO_LABEL,
 } from "./ssd_grid_core.js";
 
 const NODE_TYPE = "SSDSampler";
@@ -70,6 +70,53 @@ function showAuto(node) {
       },
     });
   }
+}
+
+// The Vue node renderer (Nodes 2.0, the setting below) draws its own number inputs, which show the number: there
+// a "model default" value says "auto" in its label instead ("cfg \u00b7 auto"), kept in step with the value (the
+// widget's callback runs on every edit in both renderers; a loaded workflow's values are read in onConfigure; the
+// setting's change relabels every sampler). The label itself (the name, a translation, one a user gave) stays.
+const VUE_NODES = "Comfy.VueNodes.Enabled";
+
+function vueNodes() {
+  try {
+    const settings = app.extensionManager?.setting; // frontend >= 1.3; the deprecated dialog's getter before it
+    return (settings?.get ? settings.get(VUE_NODES) : app.ui?.settings?.getSettingValue?.(VUE_NODES)) === true;
+  } catch {
+    return false;
+  }
+}
+
+function labelAuto(node) {
+  for (const w of node.widgets ?? []) {
+    if (!Object.hasOwn(AUTO_VALUES, w.name)) continue;
+    const own = w.label ?? w.name; // the frontend's label (the name, or a translation), or one a user gave
+    const base = own.endsWith(AUTO_LABEL) ? own.slice(0, -AUTO_LABEL.length) : own;
+    const label = vueNodes() && autoText(w.name, w.value) ? base + AUTO_LABEL : base;
+    if (label !== own) w.label = label;
+  }
+}
+
+function relabelOnEdit(node) {
+  for (const w of node.widgets ?? []) {
+    if (!Object.hasOwn(AUTO_VALUES, w.name) || w.ssdRelabels) continue;
+    const callback = w.callback;
+    w.callback = function () {
+      const r = callback?.apply(this, arguments);
+      labelAuto(node);
+      return r;
+    };
+    w.ssdRelabels = true;
+  }
+  labelAuto(node);
+}
+
+function samplers(graph = app.graph, found = []) {
+  for (const node of graph?._nodes ?? graph?.nodes ?? []) {
+    if (node.type === NODE_TYPE) found.push(node);
+    if (node.subgraph) samplers(node.subgraph, found);
+  }
+  return found;
 }
 
 function addGridWidget(node) {
@@ -211,6 +258,7 @@ app.registerExtension({
       const r = onNodeCreated?.apply(this, arguments);
       addGridWidget(this); // node.widgets may not exist yet: addDOMWidget makes it
       showAuto(this);
+      relabelOnEdit(this);
       reserveRoom(this, NODE_SIZE);
       return r;
     };
@@ -218,6 +266,7 @@ app.registerExtension({
     nodeType.prototype.onConfigure = function (info) {
       const r = onConfigure?.apply(this, arguments);
       if (!widgetOf(this)) addGridWidget(this); // a frontend that configures before onNodeCreated ran
+      relabelOnEdit(this); // the loaded values
       reserveRoom(this); // a workflow saved with a smaller node: grown now, not on its first layout
       const batch = this.properties?.[BATCH_PROP];
       const saved = normalizeTrace(this.properties?.[PROP]);
@@ -227,6 +276,10 @@ app.registerExtension({
     };
   },
   setup() {
+    app.ui?.settings?.addEventListener?.(VUE_NODES + ".change", () => {
+      // after the setting's store holds the new value
+      setTimeout(() => samplers().forEach(labelAuto));
+    });
     api.addEventListener("ssd.grid", (e) => {
       const node = findNode(e.detail?.node);
       widgetOf(node)?.ssd?.set(e.detail, e.detail?.done === true);

@@ -293,6 +293,9 @@ export function batchLabel(batch) {
 // keeps the number (nodes/sampler.py AUTO and DRAFT_ROWS.default; a test checks the two agree).
 export const AUTO_VALUES = Object.freeze({ cfg: -1, temperature: -1, top_k: -1, top_p: -1, min_p: -1, draft_rows: 0 });
 
+// The label suffix of an auto value where the value itself cannot say it (the Vue node renderer's inputs).
+export const AUTO_LABEL = " \u00b7 auto";
+
 // "auto" when a widget's value is its auto value, else null (the frontend's own text stays).
 export function autoText(name, value) {
   return Object.hasOwn(AUTO_VALUES, name) && Number(value) === AUTO_VALUES[name] ? "auto" : null;

@@ -426,6 +426,35 @@ try {
     await page.screenshot({ path: join(OUT, `help_${locale}.png`) });
   }
   await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.Locale", "en"));
+
+  step("vue nodes");
+  // the Vue node renderer (Nodes 2.0) draws its own number inputs: the auto values say so in their labels there
+  const vueLabels = () => page.evaluate(() => {
+    const el = document.querySelector('[data-node-id="3"]');
+    if (!el) return null;
+    const field = (name) => [...el.querySelectorAll('[data-testid="widget-layout-field-label"]')]
+      .map((e) => e.innerText.trim()).find((t) => t === name || t.startsWith(name + " ")) ?? null;
+    return { cfg: field("cfg"), draft_rows: field("draft_rows"), seed: field("seed") };
+  });
+  await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", true));
+  const vue = { on: await page.waitForSelector('[data-node-id="3"]', { timeout: 15000 }).then(() => true, () => false) };
+  await page.waitForTimeout(500);
+  vue.before = await vueLabels();
+  if (vue.on) { // a user types a value into cfg: its label drops "auto"
+    // the input of the field whose label is cfg's (the inputs carry no name of their own)
+    const input = page.locator('[data-node-id="3"] [data-testid="widget-layout-field-label"]', { hasText: /^cfg/ })
+      .locator("xpath=ancestor::*[.//input][1]").locator("input").first();
+    await input.fill("2.5").catch((e) => { vue.typeError = String(e).slice(0, 200); });
+    await input.press("Enter").catch(() => {});
+    await page.waitForTimeout(300);
+    vue.typed = await vueLabels();
+    vue.value = await page.evaluate(() => window.app.graph.getNodeById(3).widgets.find((w) => w.name === "cfg").value);
+  }
+  await page.screenshot({ path: join(OUT, "vue_nodes.png") });
+  await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", false));
+  await page.waitForTimeout(300);
+  vue.canvasLabel = await page.evaluate(() => window.app.graph.getNodeById(4).widgets.find((w) => w.name === "cfg").label ?? null);
+  result.vueNodes = vue;
   result.packLogged.push(...(await packLogged()));
   step("done");
 } catch (e) {

@@ -112,3 +112,33 @@ test("a workflow saved with a smaller sampler is grown when it loads, not on its
   big.onConfigure({});
   assert.deepEqual(big.size, [400, 1000]);
 });
+
+test("under the Vue node renderer an auto value says so in its label, and only while it is auto", () => {
+  const settings = { "Comfy.VueNodes.Enabled": true };
+  globalThis.__ssdComfy.app.extensionManager = { setting: { get: (id) => settings[id] } };
+  try {
+    const node = new Sampler();
+    node.widgets.find((w) => w.name === "cfg").value = -1;
+    node.widgets.find((w) => w.name === "seed").value = -1; // seed has no auto value
+    node.onNodeCreated();
+    const w = (name) => node.widgets.find((x) => x.name === name);
+    assert.equal(w("cfg").label, "cfg \u00b7 auto");
+    assert.equal(w("draft_rows").label, "draft_rows \u00b7 auto"); // draft_rows' auto is 0
+    assert.equal(w("seed").label, undefined);
+    w("cfg").value = 3;
+    w("cfg").callback(3); // an edit, in either renderer
+    assert.equal(w("cfg").label, "cfg");
+    w("top_k").label = "k"; // a label someone else gave (or a translation) stays, "auto" beside it
+    w("top_k").value = -1;
+    w("cfg").value = -1;
+    w("cfg").callback(-1);
+    assert.equal(w("cfg").label, "cfg \u00b7 auto");
+    assert.equal(w("top_k").label, "k \u00b7 auto");
+    settings["Comfy.VueNodes.Enabled"] = false; // the canvas renderer draws "auto" as the value instead
+    node.onConfigure({});
+    assert.equal(w("cfg").label, "cfg");
+    assert.equal(w("top_k").label, "k");
+  } finally {
+    delete globalThis.__ssdComfy.app.extensionManager;
+  }
+});
