@@ -265,6 +265,7 @@ def _sweep(model, network, settings, id_of_code, codes, above, before_lo, start,
         return moved, q, feats, prev, None, None
     return moved, q, feats, prev, prev.isfinite().all(), (moved == codes).long().cumprod(0).sum()
 
+
 def _above(run: Run, t: int, right: int = 0) -> int:
     """The slot in the row above that Hv reads for the feature at slot t (heads.vertical_shift columns right,
     plus `right`; within the row above's image cells)."""
