@@ -256,7 +256,7 @@ def _sweep(model, network, settings, id_of_code, codes, above, before_lo, start,
     [B, n, d], the features that drafted the cells [B, n, d], 0-d bool: those are finite, 0-d: the cells before the
     first whose code moved; the last two None unless `last`). above, before_lo: _row_above's; start [B, 1, d]: the
     feature that drafts the first cell."""
-    tokens = model.embed(id_of_code[codes][None])[0]  # [n, d] the current codes' embeddings
+    tokens = _code_embeddings(model, id_of_code, codes)  # [n, d] the current codes' embeddings
     feats = network(*_vertical_inputs(above, tokens, torch.cat([before_lo, tokens[:-1]])))  # [B, n, d]
     prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the cells
     q = log_probs(guide(model.image_logits(prev), settings.cfg, settings.min_p), settings, check=False).exp()
