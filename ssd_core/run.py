@@ -16,7 +16,7 @@ from .errors import SSDError
 from .exactness import near_ties
 from .observer import NONE
 from .run_state import Counts, Draws, Outputs, Tokens, Window
-from .sampling import SamplerSettings, all_rows_finite, check_finite, guide, log_probs, not_finite_message
+from .sampling import SamplerSettings, all_rows_finite, check_finite, not_finite_message, processed
 from .session import KVSession, Layout
 from .static_cache import compiles_regions, region, sampler_graph
 from .slots import SlotIndex
@@ -60,13 +60,13 @@ class Run:
             with self.observer.graph(True):
                 guided, finite, logp = compiled(logits)
         else:
-            guided = guide(logits, self.settings.cfg, self.settings.min_p)
-            finite, logp = None, None
+            guided, logp = processed(logits, self.settings)
+            finite = None
         self.outputs.guided = guided  # [n, V] kept for note_near_ties (the window's latest)
         if source != "heads":  # drafts: the heads' features are checked once a chain (check_heads)
             self.expect(all_rows_finite(guided) if finite is None else finite,
                         lambda: check_finite(guided, self.settings, slots, logits, source))
-        return log_probs(guided, self.settings, check=False) if logp is None else logp
+        return logp
 
     def check_heads(self, features: torch.Tensor, slots: torch.Tensor, finite: torch.Tensor | None = None) -> None:
         """At the step's sync: the features [B, n, d] the heads drafted slots [n] from are finite (else the heads

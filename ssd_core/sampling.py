@@ -117,6 +117,13 @@ def log_probs(logits: torch.Tensor, s: SamplerSettings, positions: torch.Tensor 
     return x.log_softmax(-1)
 
 
+def processed(logits: torch.Tensor, s: SamplerSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, n, V] per-stream raw logits -> (guided logits [n, V], processed log p [n, V]): guide(), then log_probs()
+    without its finiteness check (the caller makes it, deferred or in the same graph)."""
+    guided = guide(logits, s.cfg, s.min_p)
+    return guided, log_probs(guided, s, check=False)
+
+
 def all_rows_finite(logits: torch.Tensor) -> torch.Tensor:
     """0-d bool: every row of logits [..., V] has a finite maximum (no NaN, no +inf, not all -inf); -inf
     entries are codes taken out of the support (min-p)."""

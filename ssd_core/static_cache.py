@@ -22,7 +22,7 @@ import torch
 
 from .errors import SSDError
 from .observer import Observers, ambient
-from .sampling import all_rows_finite, guide, log_probs
+from .sampling import all_rows_finite, processed
 from .session import KVSession, Prompt, additive_mask, cache_kwarg, layer_tensors
 
 BUCKETS = (1, 8, 16, 32, 64, 128)  # fixed padded window lengths (tests, bench_gpu's curve); models use buckets_for
@@ -302,8 +302,8 @@ def sampler_graph(model, settings, features: bool = False):
             opts.samplers.pop(next(iter(opts.samplers)))
 
         def process(x, s=settings, m=model if features else None):
-            guided = guide(x if m is None else m.image_logits(x), s.cfg, s.min_p)
-            return guided, all_rows_finite(guided), log_probs(guided, s, check=False)
+            guided, logp = processed(x if m is None else m.image_logits(x), s)
+            return guided, all_rows_finite(guided), logp
 
         opts.samplers[key] = torch.compile(process, backend=opts.backend, dynamic=True)
     return opts.samplers[key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..run import Run
-from ..sampling import guide, inverse_cdf, log_probs
+from ..sampling import inverse_cdf, processed
 from ..static_cache import compiles_regions, region
 
 
@@ -259,7 +259,7 @@ def _sweep(model, network, settings, id_of_code, codes, above, before_lo, start,
     tokens = _code_embeddings(model, id_of_code, codes)  # [n, d] the current codes' embeddings
     feats = network(*_vertical_inputs(above, tokens, torch.cat([before_lo, tokens[:-1]])))  # [B, n, d]
     prev = torch.cat([start, feats[:, :-1]], dim=1)  # [B, n, d] the features drafting the cells
-    q = log_probs(guide(model.image_logits(prev), settings.cfg, settings.min_p), settings, check=False).exp()
+    q = processed(model.image_logits(prev), settings)[1].exp()  # [n, V] each cell's draft distribution
     moved = inverse_cdf(q, u)
     if not last:
         return moved, q, feats, prev, None, None
