@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from . import calibrate, memory, model_files, static_cache, threads
-from .decoders import DecoderParams, make_policy, own_loop, picks_rows, uses_heads
+from .decoders import DecoderParams, make_policy, own_loop, picks_rows, uses_heads, with_model_defaults
 from .engine import Generation, decode_batch
 from .errors import SSDError, mps_op_errors
 from .families import detect_family, family_class
@@ -203,6 +203,7 @@ def generate_batch(model, heads, *, prompts=None, seeds=None, prompt=None, seed:
     settings = [settings_from(d, s, cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
                 for s in seeds]
     params.for_decoder(decoder)  # an unknown decoder is refused before any work
+    params = with_model_defaults(params, model, decoder)  # the model's own defaults where none is given
     check_model_decoder(model, decoder)
     check_negative_prompt(model, negative_prompt)
     switches = prompt_switches(model, official_suffix)

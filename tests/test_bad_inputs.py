@@ -392,7 +392,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70)
                                          "llama-grid", ["llama-grid"], {"family": "llama-grid"}, "janus"]))
 SPEC_KEYS = ["family", "grid", "grids", "image_token_start", "image_vocab_size", "row_end_token", "num_classes",
              "class_token_start", "null_class_token", "class_names", "vq_decoder", "default_cfg",
-             "default_temperature", "default_top_k", "default_top_p", "default_min_p"]
+             "default_temperature", "default_top_k", "default_top_p", "default_min_p", "decoder_defaults"]
 
 
 def _dump(spec: dict) -> str:

@@ -151,3 +151,65 @@ def test_the_cli_passes_one_object(tiny, tmp_path, monkeypatch):
                      "--draft-rows", "2", "--trace", str(tmp_path / "t.json")]) == 0
     assert seen[0]["params"] == DecoderParams(window=5, draft_rows=2)
     assert not PARAMS.keys() & seen[0].keys()  # no parameter spelled out beside it
+
+
+def test_a_models_own_decoder_defaults_fill_what_the_caller_leaves_unset(tiny, tmp_path):
+    """ssd_model.json's decoder_defaults (reference-48 runs ssd with 3 verify rounds and adaptive 10%): the caller's
+    value, else the model's, else the decoder's; the same images as the values given by hand; bench's plain `ssd`
+    row runs with them, its `ssd r=2` row with the model's adaptive percent and 2 rounds."""
+    import json
+    import shutil
+
+    folder, plain, heads = tiny
+    own = tmp_path / "own"
+    shutil.copytree(folder, own)
+    spec = json.loads((own / "ssd_model.json").read_text())
+    spec["decoder_defaults"] = {"ssd": {"verify_rounds": 0, "adaptive_percent": 30}}
+    (own / "ssd_model.json").write_text(json.dumps(spec))
+    model = ssd_core.load_model(own)
+    assert model.decoder_defaults == {"ssd": {"verify_rounds": 0, "adaptive_percent": 30}}
+    assert plain.decoder_defaults == {}
+    kw = dict(prompt=1, seed=3, cfg=3.0, decode_pixels=False, score=False, decoder="ssd")
+    run = ssd_core.generate(model, heads, **kw)
+    assert run.trace.settings["verify_rounds"] == 0 and run.trace.settings["adaptive_percent"] == 30
+    by_hand = ssd_core.generate(plain, heads, verify_rounds=0, adaptive_percent=30, **kw)
+    assert torch.equal(run.tokens, by_hand.tokens) and run.trace.steps == by_hand.trace.steps
+    given = ssd_core.generate(model, heads, verify_rounds=2, **kw)  # the caller's value wins, the rest the model's
+    assert (given.trace.settings["verify_rounds"], given.trace.settings["adaptive_percent"]) == (2, 30)
+    assert plain_settings(plain, heads, kw) == (2, 0)  # no defaults of its own: the decoder's
+    exact = ssd_core.generate(model, heads, **{**kw, "decoder": "ssd-exact"}, draft_rows=2)  # other decoders: theirs
+    assert "adaptive_percent" not in exact.trace.settings
+    from ssd_core.bench import run_bench
+
+    report = run_bench(model, heads, BenchOptions(decoders=("ar", "ssd"), images=1, ssd_rounds=(2,), step_ops=False,
+                                                  ssd_first_row=()), log=lambda *_: None)
+    rows = {r["decoder"]: r["params"] for r in report["rows"]}
+    assert (rows["ssd r=2"]["verify_rounds"], rows["ssd r=2"]["adaptive_percent"]) == (2, 30)
+
+
+def plain_settings(model, heads, kw):
+    settings = ssd_core.generate(model, heads, **kw).trace.settings
+    return settings["verify_rounds"], settings["adaptive_percent"]
+
+
+@pytest.mark.parametrize("table, words", [
+    ([1], "decoder_defaults must be an object of decoder names"),
+    ({"ssdx": {}}, "decoder_defaults names 'ssdx', not a decoder; the decoders are ar, ssd"),
+    ({"ssd": 3}, "decoder_defaults['ssd'] must be an object of parameter values, got 3"),
+    ({"ssd": {"window": 4}}, "decoder_defaults['ssd'] sets 'window', which ssd does not take; it takes draft_rows"),
+    ({"ar": {"draft_rows": 1}}, "which ar does not take; it takes no parameters"),
+    ({"ssd": {"verify_rounds": 9}}, "decoder_defaults['ssd']['verify_rounds'] must be a whole number from 0 to 8"),
+    ({"sjd": {"window": 0}}, "decoder_defaults['sjd']['window'] must be a whole number >= 1"),
+])
+def test_bad_decoder_defaults_in_ssd_model_json_are_refused_by_name(tiny, tmp_path, table, words):
+    import json
+    import shutil
+
+    folder, _, _ = tiny
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    spec = json.loads((bad / "ssd_model.json").read_text())
+    (bad / "ssd_model.json").write_text(json.dumps({**spec, "decoder_defaults": table}))
+    with pytest.raises(SSDError) as err:
+        ssd_core.load_model(bad)
+    assert words in str(err.value) and "ssd_model.json" in str(err.value) and "\n" not in str(err.value)

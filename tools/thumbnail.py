@@ -131,11 +131,12 @@ def showcase_seed(model, prompt: str = "face", tries: int = 16) -> int:
     raise SystemExit(f"none of seeds 0-{tries - 1} gives a {prompt!r} that the yardstick recognises")
 
 
-def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int = 2, size: int = 512,
+def thumbnail(prompt: str = "face", seed: int = 42, verify_rounds: int | None = None, size: int = 512,
               model_name: str = "reference", exact_rows: int = 0) -> Image.Image:
     """The bundled model's template thumbnail (the layout is for size 512): the title top right, then per decoder
     its steps, image and status grid, then what they show. exact_rows: ssd-exact's draft rows (0: the device's
-    pick, which a busy CPU makes small; its image is the same whatever the rows, only its steps change)."""
+    pick, which a busy CPU makes small; its image is the same whatever the rows, only its steps change); verify_rounds:
+    ssd's (None: the model's default, as the template's samplers: reference-48's ssd_model.json says 3)."""
     model = ssd_core.load_model(model_name)
     heads = ssd_core.load_heads(model_name, model)
     rows = {"ssd-exact": {"draft_rows": exact_rows}} if exact_rows else {}

@@ -206,6 +206,40 @@ def make_policy(name: str, params: DecoderParams | None = None, /, choice=None, 
     return policy
 
 
+def check_model_defaults(table, where: str) -> dict:
+    """A model's own decoder defaults (ssd_model.json's decoder_defaults: {"ssd": {"verify_rounds": 3}}) checked:
+    -> {decoder: {parameter: value}}; one SSDError line naming `where` for an unknown decoder or parameter, a
+    parameter the decoder does not take, or a value outside its limits."""
+    if table is None:
+        return {}
+    if not isinstance(table, Mapping):
+        raise SSDError(f"{where}: decoder_defaults must be an object of decoder names, e.g. "
+                       f'{{"ssd": {{"verify_rounds": 3}}}}, got {shown(table)}')
+    out = {}
+    for decoder, values in table.items():
+        if decoder not in ENGINE_DECODERS:
+            raise SSDError(f"{where}: decoder_defaults names {shown(decoder)}, not a decoder; the decoders are "
+                           f"{', '.join(ENGINE_DECODERS)}")
+        if not isinstance(values, Mapping):
+            raise SSDError(f"{where}: decoder_defaults[{decoder!r}] must be an object of parameter values, got "
+                           f"{shown(values)}")
+        takes = spec(decoder).params
+        for name in values:
+            if name not in takes:
+                raise SSDError(f"{where}: decoder_defaults[{decoder!r}] sets {shown(name)}, which {decoder} does not "
+                               f"take; it takes {', '.join(takes) or 'no parameters'}")
+        out[decoder] = {name: PARAMS[name].check(f"{where}: decoder_defaults[{decoder!r}][{name!r}]", value)
+                        for name, value in values.items()}
+    return out
+
+
+def with_model_defaults(params: DecoderParams, model, decoder: str) -> DecoderParams:
+    """params with the model's own defaults for `decoder` (its decoder_defaults) wherever params leave a value
+    unset: what the caller gives, else the model's, else the decoder's (DECODER_SPECS)."""
+    own = getattr(model, "decoder_defaults", {}).get(decoder, {})
+    return DecoderParams.of(None, **{**own, **params.given()}) if own else params
+
+
 def own_loop(name: str) -> bool:
     """The decoder runs a loop of its own on its own kind of checkpoint (flashar), not the engine's."""
     return bool(getattr(spec(name).policy, "own_loop", False))

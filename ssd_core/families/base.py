@@ -114,6 +114,7 @@ class GridModel:
     default_grid: tuple[int, int]
     class_names: list[str] | None = None
     defaults: dict  # sampler defaults: cfg, temperature, top_k, top_p
+    decoder_defaults: dict = {}  # a model's own decoder parameter defaults {decoder: {name: value}} (llama-grid)
     shown_as: str | None = None  # the model as the user loaded it ('reference', its folder's name): api.load_model
 
     def __init__(self, model: torch.nn.Module):

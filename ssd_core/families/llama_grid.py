@@ -50,6 +50,10 @@ def read_spec(folder: Path, vocab: int | None = None) -> dict:
                         spec.get("default_top_k", 0), spec.get("default_top_p", 1.0), spec.get("default_min_p", 0.0))
     except SSDError as err:
         raise SSDError(f"{path}: a default_* sampler value is out of range ({err}); {SEE}") from None
+    from ..decoders import check_model_defaults  # (the decoders' table imports the engine, which imports families)
+
+    if "decoder_defaults" in spec:
+        spec["decoder_defaults"] = check_model_defaults(spec["decoder_defaults"], str(path))
     vq = spec.get("vq_decoder")
     if vq is not None and not isinstance(vq, str):
         raise SSDError(f"{path}: vq_decoder must be a file name inside the model folder or null, got {_short(vq)}")
@@ -149,6 +153,8 @@ class LlamaGridModel(GridModel):
                          "top_k": int(spec.get("default_top_k", 0)),
                          "top_p": float(spec.get("default_top_p", 1.0)),
                          "min_p": float(spec.get("default_min_p", 0.0))}
+        # its own decoder parameter defaults, e.g. ssd's verify rounds at a larger grid (read_spec checked them)
+        self.decoder_defaults = spec.get("decoder_defaults") or {}
         for grid in self.grid_options():
             self._fits(grid, "set a smaller grid in ssd_model.json, or a larger max_position_embeddings in config.json")
         self._vq = vq if vq is not None else load_vq_decoder(folder, spec)
