@@ -58,9 +58,9 @@ class BenchOptions:
 
 def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
     """(row label, decoder, decoder parameters); for ssd one row per verify-round count (ssd_rounds), times
-    each adaptive percent (ssd_adaptive, besides params' own; unset: the model's default, else 0) and
-    stable_first_row value; a name ending in ':noheads' is its decoder without heads, 'NAME@N' the decoder at N
-    draft rows (decoders.bench_variant)."""
+    each adaptive percent (ssd_adaptive, besides params' own; unset: the model's default, else 0; the label names
+    a percent above 0) and stable_first_row value; a name ending in ':noheads' is its decoder without heads,
+    'NAME@N' the decoder at N draft rows (decoders.bench_variant)."""
     out = []
     for name in o.decoders:
         if name != "ssd":
@@ -70,7 +70,7 @@ def _variants(o: BenchOptions) -> list[tuple[str, str, DecoderParams]]:
         for f in o.ssd_first_row or (o.params.stable_first_row,):
             for r in o.ssd_rounds or (o.params.verify_rounds,):
                 for a in dict.fromkeys((o.params.adaptive_percent, *o.ssd_adaptive)):  # None: the model's or 0
-                    label = "ssd" + (f" r={r}" if o.ssd_rounds else "") + (f" a={a}" if a is not None else "") + \
+                    label = "ssd" + (f" r={r}" if o.ssd_rounds else "") + (f" a={a}" if a else "") + \
                         (f" f={f}" if f is not None else "")
                     out.append((label, "ssd", DecoderParams.of(o.params, verify_rounds=r, adaptive_percent=a,
                                                                stable_first_row=f)))

@@ -22,6 +22,8 @@ ROWS = {  # bench row -> what the README calls it ("{picked}": what ssd-exact's 
     "ssd-exact@3:noheads": "`ssd-exact`, 3 rows without heads",
     "ssd f=2": "`ssd`",
     "ssd": "`ssd`",
+    "ssd r=3 a=10": "`ssd` (reference-48's defaults: 3 verify rounds, adaptive 10%)",
+    "ssd r=2": "`ssd`, 2 verify rounds (the decoder's default)",
     "sjd-pac": "`sjd-pac` (peer, lossless)",
     "scd": "`scd` (peer, lossless)",
     "sjd": "`sjd` (peer, lossless)",
