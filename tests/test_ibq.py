@@ -408,8 +408,10 @@ def assert_same_pixels(ours: IBQDecoder, ref: IBQ, cfg: dict, grids):
         f = 2 ** (len(cfg["ch_mult"]) - 1)
         assert tuple(mine.shape) == (b, 3, f * h, f * w) == tuple(theirs.shape) and mine.dtype == torch.float32
         assert theirs.std() > 0.05
-        scale = float(theirs.abs().max())  # one fused attention here, two bmm there: float tolerance
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5 * max(scale, 1.0))
+        # one fused attention here, two bmm there: float rounding, which moves with the CPU's kernels (1.53e-5 on
+        # 17 of 4,608 values on one machine, under 1e-5 on another), far below the pixels' spread (std > 0.05)
+        scale = float(theirs.abs().max())
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=3e-5 * max(scale, 1.0))
 
 
 # ---- (a) the decoder against the release's --------------------------------------------------------------------
