@@ -155,8 +155,8 @@ def test_the_cli_passes_one_object(tiny, tmp_path, monkeypatch):
 
 def test_a_models_own_decoder_defaults_fill_what_the_caller_leaves_unset(tiny, tmp_path):
     """ssd_model.json's decoder_defaults (reference-48 runs ssd with 3 verify rounds and adaptive 10%): the caller's
-    value, else the model's, else the decoder's; the same images as the values given by hand; bench's plain `ssd`
-    row runs with them, its `ssd r=2` row with the model's adaptive percent and 2 rounds."""
+    value, else the model's, else the decoder's; the same images as the values given by hand; bench's `ssd r=2` row
+    runs 2 rounds with the model's adaptive percent."""
     import json
     import shutil
 
@@ -176,7 +176,8 @@ def test_a_models_own_decoder_defaults_fill_what_the_caller_leaves_unset(tiny, t
     assert torch.equal(run.tokens, by_hand.tokens) and run.trace.steps == by_hand.trace.steps
     given = ssd_core.generate(model, heads, verify_rounds=2, **kw)  # the caller's value wins, the rest the model's
     assert (given.trace.settings["verify_rounds"], given.trace.settings["adaptive_percent"]) == (2, 30)
-    assert plain_settings(plain, heads, kw) == (2, 0)  # no defaults of its own: the decoder's
+    own_none = ssd_core.generate(plain, heads, **kw).trace.settings  # no defaults of its own: the decoder's
+    assert (own_none["verify_rounds"], own_none["adaptive_percent"]) == (2, 0)
     exact = ssd_core.generate(model, heads, **{**kw, "decoder": "ssd-exact"}, draft_rows=2)  # other decoders: theirs
     assert "adaptive_percent" not in exact.trace.settings
     from ssd_core.bench import run_bench
@@ -185,11 +186,6 @@ def test_a_models_own_decoder_defaults_fill_what_the_caller_leaves_unset(tiny, t
                                                   ssd_first_row=()), log=lambda *_: None)
     rows = {r["decoder"]: r["params"] for r in report["rows"]}
     assert (rows["ssd r=2"]["verify_rounds"], rows["ssd r=2"]["adaptive_percent"]) == (2, 30)
-
-
-def plain_settings(model, heads, kw):
-    settings = ssd_core.generate(model, heads, **kw).trace.settings
-    return settings["verify_rounds"], settings["adaptive_percent"]
 
 
 @pytest.mark.parametrize("table, words", [
