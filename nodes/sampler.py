@@ -20,7 +20,7 @@ from .loaders import SSDModel
 from .types import CATEGORY, SSD_MODEL, SSD_TRACE
 
 SSDError = ssd_core.SSDError
-AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p
+AUTO = -1  # widget value meaning "the model's default" for cfg / temperature / top_k / top_p / min_p / verify_rounds
 PREVIEW_INTERVAL_S = 0.25
 
 
@@ -120,10 +120,10 @@ class SSDSampler(io.ComfyNode):
                                      "when the guesses are good, more work per step; 0 (shown as auto) = the decoder's "
                                      "default (ssd 1; ssd-exact: what is fastest on your device, measured once a model: "
                                      "the picture is the same either way)"),
-                io.Int.Input("verify_rounds", default=VERIFY_ROUNDS.default, min=VERIFY_ROUNDS.low,
-                             max=VERIFY_ROUNDS.high,
+                io.Int.Input("verify_rounds", default=AUTO, min=AUTO, max=VERIFY_ROUNDS.high,
                              tooltip="times the model may fix a guessed row before keeping it (ssd): more = closer "
-                                     "to ar, fewer = fewer steps"),
+                                     "to ar, fewer = fewer steps; -1 (shown as auto) = the model's default (the "
+                                     f"bundled 48x48 model: 3 with its adaptive rule), else {VERIFY_ROUNDS.default}"),
                 io.Combo.Input("grid", options=grids.choices(), default=grids.AUTO,
                                tooltip="image size in tokens (rows x columns), its pixels and aspect, and the "
                                        "model it is for (a bundled model's name, or a family: janus, emu3, lumina); "
@@ -156,7 +156,7 @@ class SSDSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
-                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
+                decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=AUTO, grid="auto",
                 negative_prompt="", batch_size=1, min_p=AUTO, official_suffix=True):
         out = cls.sample(ssd_model, prompt, seed, cfg, temperature, top_k, top_p, decoder, draft_rows, verify_rounds,
                          grid, negative_prompt, batch_size, min_p, official_suffix, unique_id=cls.hidden.unique_id)
@@ -164,7 +164,7 @@ class SSDSampler(io.ComfyNode):
 
     @classmethod
     def sample(cls, ssd_model, prompt="face", seed=0, cfg=AUTO, temperature=AUTO, top_k=AUTO, top_p=AUTO,
-               decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=VERIFY_ROUNDS.default, grid="auto",
+               decoder="ssd-exact", draft_rows=DRAFT_ROWS.default, verify_rounds=AUTO, grid="auto",
                negative_prompt="", batch_size=1, min_p=AUTO, official_suffix=True, unique_id=None):
         model = _check(ssd_model, decoder, negative_prompt)
         seed = whole_number("seed", seed, 0, 2**64 - 1)  # INT inputs: NaN, inf and 1.7 refused, never truncated
@@ -179,7 +179,8 @@ class SSDSampler(io.ComfyNode):
             top_k=_auto(top_k, int, "top_k"),
             top_p=_auto(top_p, float, "top_p"),
             min_p=_auto(min_p, float, "min_p"),
-            params=DecoderParams(draft_rows=draft_rows, verify_rounds=verify_rounds),  # each checked: a whole number
+            # each checked by DecoderParams: a whole number within its limits; verify_rounds -1 = the model's default
+            params=DecoderParams(draft_rows=draft_rows, verify_rounds=None if verify_rounds == AUTO else verify_rounds),
             grid=grids.parse(grid, getattr(model, "family", ""), ssd_model.name),
             official_suffix=bool(official_suffix),
         )

@@ -111,7 +111,7 @@ def bundled():
 def run(model, **kw):
     """The SSD Sampler node on `model` with the node's defaults, overridden by kw."""
     args = dict(prompt="face", negative_prompt="", seed=7, cfg=-1, temperature=-1, top_k=-1, top_p=-1,
-                decoder="ssd", draft_rows=1, verify_rounds=2, grid="auto", unique_id="7")
+                decoder="ssd", draft_rows=1, verify_rounds=-1, grid="auto", unique_id="7")
     args.update(kw)
     return load_pack().SSDSampler().sample(model, **args)
 

@@ -211,10 +211,11 @@ def test_no_console_warning_from_the_pack(browser_run):
 
 
 def test_the_model_default_values_read_auto(browser_run):
-    """cfg -1 and draft_rows 0 (the template's) are drawn as "auto"; a set value shows as its number; the saved
-    widget values keep the numbers."""
+    """cfg -1, draft_rows 0 and verify_rounds -1 (the template's) are drawn as "auto"; a set value shows as its number;
+    the saved widget values keep the numbers."""
     auto = browser_run["autoWidgets"]
     assert auto["cfg"] == {"value": -1, "shown": "auto"} and auto["draft_rows"]["shown"] == "auto", auto
+    assert auto["verify_rounds"] == {"value": -1, "shown": "auto"}, auto
     assert auto["cfgSet"]["value"] == 2.5 and auto["cfgSet"]["shown"].startswith("2.5"), auto
     assert auto["seed"]["shown"] != "auto" and -1 in auto["saved"], auto
 
@@ -225,6 +226,7 @@ def test_the_model_default_values_say_auto_under_the_vue_node_renderer(browser_r
     vue = browser_run["vueNodes"]
     assert vue["on"], vue
     assert vue["before"]["cfg"] == "cfg \u00b7 auto" and vue["before"]["draft_rows"] == "draft_rows \u00b7 auto", vue
+    assert vue["before"]["verify_rounds"] == "verify_rounds \u00b7 auto", vue
     assert vue["before"]["seed"] == "seed", vue  # a value with no auto keeps its name
     assert vue["value"] == 2.5 and vue["typed"]["cfg"] == "cfg", vue
     assert vue["canvasLabel"] == "cfg", vue  # node 4's cfg is still auto: on the canvas the value says it

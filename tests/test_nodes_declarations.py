@@ -88,12 +88,12 @@ def test_the_widget_shows_auto_for_the_sampler_s_own_auto_values():
     """web/ssd_grid_core.js AUTO_VALUES (the canvas writes "auto" for them) are the sampler's defaults that mean
     "decided for you", each the lowest value its widget takes, and every tooltip says what the value means."""
     text = (ROOT / "web" / "ssd_grid_core.js").read_text()
-    body = re.search(r"AUTO_VALUES = Object.freeze\(\{(.*?)\}\)", text).group(1)
+    body = re.search(r"AUTO_VALUES = Object.freeze\(\{(.*?)\}\)", text, re.S).group(1)
     shown = {k: int(v) for k, v in re.findall(r"(\w+): (-?\d+)", body)}
     info = nodes.NODES["SSDSampler"].GET_NODE_INFO_V1()["input"]
     widgets = {**info["required"], **info["optional"]}
     sampler = pack_module("nodes.sampler")
-    assert shown == {**{k: sampler.AUTO for k in ("cfg", "temperature", "top_k", "top_p", "min_p")},
+    assert shown == {**{k: sampler.AUTO for k in ("cfg", "temperature", "top_k", "top_p", "min_p", "verify_rounds")},
                      "draft_rows": sampler.DRAFT_ROWS.default}
     for name, value in shown.items():
         spec = widgets[name][1]

@@ -115,6 +115,23 @@ def test_sampler_passes_settings_and_class_names(ref_model, monkeypatch):
     assert big["result"][1]["seed"] == 0xFFFFFFFFFFFFFFFF
 
 
+def test_verify_rounds_auto_runs_the_models_own_rounds():
+    """verify_rounds -1 (the widget's default, shown as auto) runs ssd at the model's own decoder_defaults: the
+    bundled 48x48 model's 3 rounds and adaptive 10%; a number set on the widget wins, the rest stays the model's."""
+    from conftest import heads_missing
+    if heads_missing():
+        pytest.skip(heads_missing())
+    (bare,) = nodes.SSDLoadModel().load("reference-48", "auto", "cpu")
+    (m,) = nodes.SSDLoadHeads().load(bare, "reference-48")
+    assert m.model.decoder_defaults["ssd"] == {"verify_rounds": 3, "adaptive_percent": 10}
+    auto = run(m, decoder="ssd", grid="4x4")["result"][1]["settings"]
+    assert (auto["verify_rounds"], auto["adaptive_percent"]) == (3, 10)
+    two = run(m, decoder="ssd", grid="4x4", verify_rounds=2)["result"][1]["settings"]
+    assert (two["verify_rounds"], two["adaptive_percent"]) == (2, 10)
+    with pytest.raises(core.SSDError, match="verify_rounds must be a whole number from 0 to 8, got -2"):
+        run(m, decoder="ssd", grid="4x4", verify_rounds=-2)  # only -1 means auto
+
+
 def test_sampler_grid_option(ref_model):
     small = run(ref_model, decoder="zipar", grid="8x8")
     wide = run(ref_model, decoder="zipar", grid="8x12")

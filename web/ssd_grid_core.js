@@ -289,9 +289,11 @@ export function batchLabel(batch) {
 }
 
 // The sampler's widgets whose value means "decided for you": -1 = the model's default (cfg, temperature, top_k,
-// top_p, min_p), 0 draft rows = picked for the device. The canvas shows these values as "auto"; the workflow
-// keeps the number (nodes/sampler.py AUTO and DRAFT_ROWS.default; a test checks the two agree).
-export const AUTO_VALUES = Object.freeze({ cfg: -1, temperature: -1, top_k: -1, top_p: -1, min_p: -1, draft_rows: 0 });
+// top_p, min_p, verify_rounds), 0 draft rows = picked for the device. The canvas shows these values as "auto"; the
+// workflow keeps the number (nodes/sampler.py AUTO and DRAFT_ROWS.default; a test checks the two agree).
+export const AUTO_VALUES = Object.freeze({
+  cfg: -1, temperature: -1, top_k: -1, top_p: -1, min_p: -1, draft_rows: 0, verify_rounds: -1,
+});
 
 // The label suffix of an auto value where the value itself cannot say it (the Vue node renderer's inputs).
 export const AUTO_LABEL = " \u00b7 auto";

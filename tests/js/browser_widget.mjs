@@ -310,7 +310,7 @@ try {
       const w = node.widgets.find((x) => x.name === name);
       return { value: w?.value ?? null, shown: w?._displayValue ?? null };
     };
-    const out = { cfg: read("cfg"), draft_rows: read("draft_rows"), seed: read("seed") };
+    const out = { cfg: read("cfg"), draft_rows: read("draft_rows"), verify_rounds: read("verify_rounds"), seed: read("seed") };
     const cfg = node.widgets.find((x) => x.name === "cfg");
     const old = cfg.value;
     cfg.value = 2.5;
@@ -434,7 +434,7 @@ try {
     if (!el) return null;
     const field = (name) => [...el.querySelectorAll('[data-testid="widget-layout-field-label"]')]
       .map((e) => e.innerText.trim()).find((t) => t === name || t.startsWith(name + " ")) ?? null;
-    return { cfg: field("cfg"), draft_rows: field("draft_rows"), seed: field("seed") };
+    return { cfg: field("cfg"), draft_rows: field("draft_rows"), verify_rounds: field("verify_rounds"), seed: field("seed") };
   });
   await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", true));
   const vue = { on: await page.waitForSelector('[data-node-id="3"]', { timeout: 15000 }).then(() => true, () => false) };

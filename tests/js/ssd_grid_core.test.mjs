@@ -193,6 +193,8 @@ test("autoText: the sampler's default values read auto, others keep their number
   assert.equal(autoText("draft_rows", 0), "auto");
   assert.equal(autoText("cfg", 0), null); // cfg 0 is a real value (no guidance)
   assert.equal(autoText("draft_rows", 2), null);
+  assert.equal(autoText("verify_rounds", -1), "auto"); // the model's rounds (reference-48: 3)
+  assert.equal(autoText("verify_rounds", 0), null); // 0 rounds is a real value (no correction)
   assert.equal(autoText("temperature", 1), null);
   assert.equal(autoText("seed", -1), null); // not an auto widget
   assert.ok(Object.isFrozen(AUTO_VALUES));
