@@ -204,6 +204,11 @@ def ship(work: str, out: str, init: str | None = None) -> None:
     os.makedirs(out, exist_ok=True)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
+    shipped = os.path.join(out, "ssd_model.json")
+    if os.path.exists(shipped):  # what the model folder declares of its own (its decoder_defaults) stays
+        own = json.load(open(shipped)).get("decoder_defaults")
+        if own:
+            spec["decoder_defaults"] = own
     spec["grid"] = [48, 48]
     spec["grids"] = [[32, 32]]
     # the VQ and the yardstick are reference's own: one copy in the pack, named from here (model_files.inside)
