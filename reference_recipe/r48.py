@@ -219,10 +219,23 @@ def ship(work: str, out: str, init: str | None = None) -> None:
     log(f"wrote {out}")
 
 
+def heads_grids(work: str, count: int = 240) -> None:
+    """The heads' fine-tuning grids from the tokenized data: `count` random 48x48 training grids (the draw is seeded)
+    and the 32 held-out ones, as train-heads' --grids / --heldout-grids files (tokens [N, 48, 48], classes [N])."""
+    from safetensors.torch import load_file, save_file
+    data = load_file(os.path.join(work, "data.safetensors"))
+    pick = torch.randperm(len(data["train48"]), generator=torch.Generator().manual_seed(48))[:count]
+    for name, tokens, classes in (("grids48", data["train48"][pick], data["train48_classes"][pick]),
+                                  ("heldout48", data["heldout48"], data["heldout48_classes"])):
+        path = os.path.join(work, f"{name}.safetensors")
+        save_file({"tokens": tokens.long().contiguous(), "classes": classes.long().contiguous()}, path)
+        log(f"wrote {path}: {tuple(tokens.shape)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m reference_recipe.r48", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["data", "train", "ship"])
+    ap.add_argument("stage", choices=["data", "train", "ship", "grids"])
     ap.add_argument("--work", default="build/r48")
     ap.add_argument("--minutes", type=float, default=None,
                     help="training budget in wall-clock minutes (default 70; with --resume: a new budget)")
@@ -234,7 +247,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr),
-     "ship": lambda: ship(a.work, a.out, a.init)}[a.stage]()
+     "ship": lambda: ship(a.work, a.out, a.init), "grids": lambda: heads_grids(a.work)}[a.stage]()
 
 
 if __name__ == "__main__":
