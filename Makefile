@@ -3,7 +3,8 @@
 # make bench-sizes: every decoder at 24x24, 32x32 and 48x48 (the bundled models): table, JSON and plot in bench_out/.
 # make bench: the bench of record at 24x24 (every decoder and peer at its defaults, ssd also with the paper's first-row rule;
 #   33 images from seed 5000, none tuned on) into bench_out/; make bench-48: at 48x48 (16 images: ar, ssd at 2 and
-#   3 rounds with and without adaptive 10%, reference-48's default being 3 and 10%, ssd-exact at 3 rows, sjd-pac).
+#   3 rounds with and without adaptive 10%, reference-48's default being 3 and 10%, ssd-exact at 3 rows, sjd-pac;
+#   OMP_NUM_THREADS=2 as the record, else one thread).
 # make bench-gpu: the compiled GPU path on a random Janus-Pro-7B-shaped model (needs CUDA; --dry runs on the CPU).
 # make gpu-check: every GPU check in one run under 8 minutes (CUDA tests, gpu-memory, bench-gpu) into .work/gpu_check.json.
 # make test: the whole test suite (the command CI runs); make test-fast: its fast tier (under 3 minutes).
