@@ -175,7 +175,7 @@ def test_the_showcase_seed_is_the_one_the_yardstick_finds_most_like_the_prompt(m
     assert samplers[0][1] == SHOWCASE48_SEED  # tools/thumbnail.py --model reference-48 --seed recognised gives it
 
 
-SHOWCASE48_SEED = 8  # showcase_seed(reference-48, "face"): the yardstick's p(face) 0.905 (seed 1, the old rule's: 0.31)
+SHOWCASE48_SEED = 15  # showcase_seed(reference-48, "face"): the yardstick's p(face) 0.895 (seed 8 on the previous weights)
 
 
 @pytest.mark.parametrize("path", sorted(UI_DIR.glob("*.json")), ids=lambda p: p.stem)
