@@ -74,7 +74,8 @@ class TreeExact(exact.ExactPolicy):
             n_pred = min(self.chain + 1, row0 + W - 1 - s, win.end - 1 - s)  # outputs along the branch
             k = s - 1
             if d == 0 and int(toks.verified[k]) <= int(toks.value_seen[k]):  # a corrected token not fed yet
-                prev = run.call_heads(run.heads.horizontal, feature(run, k - 1), _embed_codes(run, toks.codes[k:k + 1])[0])
+                token = _embed_codes(run, toks.codes[k:k + 1])[0]
+                prev = run.call_heads(run.heads.horizontal, feature(run, k - 1), token)
             else:
                 prev = feature(run, k)
             for j in range(1, self.width):
@@ -169,9 +170,10 @@ def main(argv=None) -> dict:
         same += bool(torch.equal(tokens, ar_tokens))
         print(f"image {i}: ssd-exact@{a.rows} {plain_steps} steps, with the tree {steps}", flush=True)
     out = {"model": a.model, "grid": list(layout.grid), "rows": a.rows, "images": a.images, "seed": a.seed,
-           "width": a.width, "chain": a.chain, "depth": a.depth, "steps_median": statistics.median(plain), "tree_steps_median": statistics.median(tree),
-           "steps_mean": statistics.mean(plain), "tree_steps_mean": statistics.mean(tree), "same_as_ar": same,
-           "record": dict(record)}
+           "width": a.width, "chain": a.chain, "depth": a.depth,
+           "steps_median": statistics.median(plain), "tree_steps_median": statistics.median(tree),
+           "steps_mean": statistics.mean(plain), "tree_steps_mean": statistics.mean(tree),
+           "same_as_ar": same, "record": dict(record)}
     print(json.dumps(out, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
