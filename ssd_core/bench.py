@@ -231,6 +231,7 @@ def row_figures(label: str, decoder: str, runs: list, ar: list, batched: list | 
         **ops,
         "nll_full": round(statistics.median(fulls), 4),
         "nll_full_gap": _gap(statistics.median(fulls), ar_full),
+        "nll_full_gap_90": gap_interval(fulls, [a.trace.nll_full for a in ar]),
         "out_of_support": round(statistics.mean([r.trace.out_of_support for r in runs]), 4),
         "accepted_share": round(statistics.median([r.trace.counts["accepted"] / r.tokens.numel() for r in runs]), 3),
         # the share of the wall in the decoder's bookkeeping (not the base model, not the draft heads)
@@ -242,6 +243,24 @@ def row_figures(label: str, decoder: str, runs: list, ar: list, batched: list | 
 def _gap(value: float, ar: float) -> float | None:
     """(value - ar) / ar, rounded; None where it is not a number (ar's nll 0, e.g. top-k 1, or not finite)."""
     return finite_or_none(round((value - ar) / ar, 4)) if ar != 0 else None
+
+
+def gap_interval(values: list, ar: list, draws: int = 2000, seed: int = 0) -> list | None:
+    """A 90% bootstrap interval [low, high] of the gap of medians: the images drawn again with replacement, the same
+    image indices for the row and for `ar` (the pairs share a prompt and seed), `draws` times. How far a gap at
+    this many images can move by the images alone: a decoder that keeps ar's distribution but not its tokens
+    lands anywhere inside it. None where a draw has no finite gap."""
+    import random
+
+    rng, n, gaps = random.Random(seed), len(values), []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        gap = _gap(statistics.median(values[i] for i in idx), statistics.median(ar[i] for i in idx))
+        if gap is None:
+            return None
+        gaps.append(gap)
+    gaps.sort()
+    return [gaps[int(0.05 * (draws - 1))], gaps[int(0.95 * (draws - 1))]]
 
 
 def write_outputs(report: dict, results: dict, variants, o: BenchOptions, log=print) -> None:
@@ -350,6 +369,10 @@ def print_table(report: dict, log=print) -> None:
             f"{_num(r.get('expected_acceptance'), 1, '-', 3):>9}{r['policy_share'] * 100:>7.1f}%{_num(r.get('ops_per_step'), 1, '-', 0):>8}"
             f"{_rows(r.get('params', {})):>6}"
             f"{_num(r.get('class_acc'), 100, '-', 1):>8}%{_num(r.get('fd'), 1, '-', 3):>8}{_num(r.get('same_cells_as_ar'), 100, '-', 1):>7}%  {ident}")
+    spread = [f"{r['decoder']} {r['nll_full_gap_90'][0] * 100:+.1f}% to {r['nll_full_gap_90'][1] * 100:+.1f}%"
+              for r in report["rows"] if r.get("nll_full_gap_90") and r["identical_to_ar"] is not True]
+    if spread:
+        log("full gap, 90% bootstrap interval over these images: " + ", ".join(spread))
     if "yardstick" in report:
         y, n = report["yardstick"], report["images"]
         log(f"yardstick v{y['version']}: real held-out glyphs {y['real_acc'] * 100:.1f}% class accuracy; real_fd "

@@ -154,9 +154,27 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
     assert {"0", "1", "2"} <= set(by_round) and by_round["0"]["accepted"] == rows["ssd r=2"]["acceptance_round0"]
     assert rows["ssd-exact"]["same_cells_as_ar"] == rows["ar"]["same_cells_as_ar"] == 1.0  # fp32: identical
     assert 0 <= rows["ssd r=0"]["same_cells_as_ar"] < 1
+    assert rows["ssd-exact"]["nll_full_gap_90"] == [0.0, 0.0]  # the very tokens: no image can move it
+    low, high = rows["ssd r=0"]["nll_full_gap_90"]
+    assert low <= high and low != high  # two images, drawn again: the interval has width
     for row in rows.values():  # per-step overhead outside the forward (opcount), the heads' ops among them
         assert row["ops_per_step"] > 0 and 0 <= row["head_ops_per_step"] < row["ops_per_step"]
     assert rows["ar"]["head_ops_per_step"] == 0  # ssd-exact's heads run where its calibration found they pay
     assert (rows["ssd-exact"]["head_ops_per_step"] > 0) is rows["ssd-exact"]["params"]["heads_used"]
     img = Image.open(tmp_path / "fresh" / "tradeoff.png")
     assert img.size[0] >= 400 and len(np.unique(np.asarray(img.convert("L")))) > 2  # drawn, not blank
+
+
+def test_the_gap_interval_holds_the_gap_and_shrinks_with_more_images():
+    from ssd_core.bench import _gap, gap_interval
+
+    import random
+    rng = random.Random(3)
+    ar = [rng.uniform(0.4, 0.6) for _ in range(64)]
+    same_law = [rng.uniform(0.4, 0.6) for _ in range(64)]  # another sample of ar's distribution
+    shifted = [v * 1.3 for v in ar]  # every image 30% worse
+    few, many = gap_interval(same_law[:8], ar[:8]), gap_interval(same_law, ar)
+    assert few[0] < 0 < few[1] and many[0] < 0 < many[1]
+    assert many[1] - many[0] < few[1] - few[0]
+    assert gap_interval(shifted, ar) == [0.3, 0.3] == [_gap(1.3, 1.0)] * 2
+    assert gap_interval([0.5, 0.5], [0.0, 0.0]) is None  # ar's nll 0 (top-k 1): no gap to bound
