@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -250,8 +251,6 @@ def gap_interval(values: list, ar: list, draws: int = 2000, seed: int = 0) -> li
     image indices for the row and for `ar` (the pairs share a prompt and seed), `draws` times. How far a gap at
     this many images can move by the images alone: a decoder that keeps ar's distribution but not its tokens
     lands anywhere inside it. None where a draw has no finite gap."""
-    import random
-
     rng, n, gaps = random.Random(seed), len(values), []
     for _ in range(draws):
         idx = [rng.randrange(n) for _ in range(n)]
