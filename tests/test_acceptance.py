@@ -166,9 +166,10 @@ def test_bench_rows_carry_acceptance_and_the_tradeoff_plot(tiny, tmp_path):
 
 
 def test_the_gap_interval_holds_the_gap_and_shrinks_with_more_images():
+    import random
+
     from ssd_core.bench import _gap, gap_interval
 
-    import random
     rng = random.Random(3)
     ar = [rng.uniform(0.4, 0.6) for _ in range(64)]
     same_law = [rng.uniform(0.4, 0.6) for _ in range(64)]  # another sample of ar's distribution

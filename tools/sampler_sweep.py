@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import ssd_core  # noqa: E402
 from ssd_core import yardstick  # noqa: E402
+from ssd_core.bench import prompts_for  # noqa: E402
 
 SAMPLER_KEYS = {"cfg": float, "temperature": float, "top_k": int, "top_p": float, "min_p": float}
 
@@ -53,7 +54,7 @@ def sweep(model, heads, settings: list[dict], images: int, seed: int, decoder: s
     if stick is None:
         raise SystemExit("sampler_sweep needs a model whose folder ships a yardstick (the bundled reference models)")
     names = list(model.class_names)
-    asked = [i % len(names) for i in range(images)]  # class index asked for, in turn
+    asked = prompts_for(model, images, None)  # class index asked for, in turn (as bench asks)
     rows = []
     for setting in settings:
         t0 = time.time()
@@ -87,7 +88,7 @@ def main(argv=None) -> dict:
     heads = ssd_core.load_heads(a.model, model) if a.decoder != "ar" else None
     grid = tuple(int(x) for x in a.grid.split("x")) if a.grid else None
     out = {"model": a.model, "images": a.images, "seed": a.seed, "decoder": a.decoder,
-           "defaults": {k: v for k, v in model.defaults.items()},
+           "defaults": dict(model.defaults),
            "rows": sweep(model, heads, parse_settings(a.settings), a.images, a.seed, a.decoder, grid)}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
