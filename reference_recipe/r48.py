@@ -14,7 +14,10 @@ slower shared CPU shortens the run instead of cutting the schedule; a checkpoint
 step, elapsed seconds, data position) every 50 steps and at SIGTERM/SIGINT lets `--resume` continue.
 `--steps N` schedules by steps instead (held for a third of N, then linearly to 0), for a run that shares the CPU
 with other work at a low priority, and `--init DIR` starts from a shipped model folder (the extension of issue 41
-starts from the shipped reference-48).
+starts from the shipped reference-48). `--ema D` keeps an exponential moving average of the weights (decay D a
+step) beside them: held-out NLL is then measured on it and `best.pt` is the best average, so that a long run
+sharing several sessions can be shipped at any point of a held learning rate. A resume that sets a new `--lr`
+warms up to it again (WARMUP steps) from where it resumed.
 """
 from __future__ import annotations
 
@@ -105,22 +108,22 @@ def heldout_nll(model, toks, classes, lay) -> float:
 
 
 def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
-          peak_lr: float | None = None) -> None:
+          peak_lr: float | None = None, ema_decay: float | None = None) -> None:
     from safetensors.torch import load_file
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     lay = layout(spec["num_classes"], row_end=True)
     data = load_file(os.path.join(work, "data.safetensors"))
-    model = warm_start(init)
+    ckpt = os.path.join(work, "checkpoint.pt")
+    saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
+    model = warm_start(init or (saved and saved["state"].get("init")))  # the architecture the run began with
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
-    ckpt = os.path.join(work, "checkpoint.pt")
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
              "init": init, "peak_lr": peak_lr or LR}
-    if resume and os.path.exists(ckpt):
-        saved = torch.load(ckpt, weights_only=True)  # our own checkpoint: tensors and plain values only
+    if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
@@ -128,9 +131,20 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
             state["budget_s"] = minutes * 60
         if steps is not None:
             state["budget_steps"] = steps
-        if peak_lr is not None:  # a new peak for the rest of the run
+        if peak_lr is not None:  # a new peak for the rest of the run, warmed up to from here
             state["peak_lr"] = peak_lr
+            state["warm_from"] = state["step"]
+        if ema_decay is not None:
+            state["ema_decay"] = ema_decay
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
+    if ema_decay is not None and not resume:
+        state["ema_decay"] = ema_decay
+    # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
+    ema = None
+    if state.get("ema_decay"):
+        ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if saved is not None and saved.get("ema") is not None:
+            ema = saved["ema"]
     g = torch.Generator().manual_seed(SEED + 4800 + state["step"])
     stop = {"now": False}
 
@@ -140,10 +154,13 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     signal.signal(signal.SIGINT, on_signal)
 
     def save():
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, ckpt + ".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state, "ema": ema}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
 
     def evaluate(final=False):
+        if ema is not None:  # measure the average: swap it in, keep the training weights aside
+            live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(ema)
         nll48 = heldout_nll(model, data["heldout48"], data["heldout48_classes"], lay)
         nll32 = heldout_nll(model, data["heldout32"], data["heldout32_classes"], lay) if final else float("nan")
         state["history"].append({"step": state["step"], "minutes": round(state["elapsed"] / 60, 1),
@@ -155,6 +172,8 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
             state["best_step"] = state["step"]
             torch.save(model.state_dict(), os.path.join(work, "best.pt"))
         json.dump(state["history"], open(os.path.join(work, "history.json"), "w"), indent=1)
+        if ema is not None:
+            model.load_state_dict(live)
 
     if state["step"] == 0:
         evaluate()
@@ -168,7 +187,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         model.train()
         frac = done_share()
         lr = state.get("peak_lr") or LR
-        lr *= min(1.0, (state["step"] + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
+        lr *= min(1.0, (state["step"] - state.get("warm_from", 0) + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
         for grp in opt.param_groups:
             grp["lr"] = lr
         side = 32 if torch.rand(1, generator=g).item() < MIX_32 else 48
@@ -181,6 +200,10 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if ema is not None:
+            with torch.no_grad():
+                for k, v in model.state_dict().items():
+                    ema[k].lerp_(v, 1 - state["ema_decay"]) if v.is_floating_point() else ema[k].copy_(v)
         state["step"] += 1
         state["elapsed"] = time.time() - t_start
         if state["step"] % 10 == 0:
@@ -243,10 +266,13 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="budget in steps instead of minutes (lr by step)")
     ap.add_argument("--init", default=None, help="start from this model folder instead of reference")
     ap.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {LR}; with --resume: from now on)")
+    ap.add_argument("--ema", type=float, default=None,
+                    help="keep a moving average of the weights with this decay a step (e.g. 0.998); it is what is "
+                         "evaluated and kept as best.pt")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
-    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr),
+    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema),
      "ship": lambda: ship(a.work, a.out, a.init), "grids": lambda: heads_grids(a.work)}[a.stage]()
 
 

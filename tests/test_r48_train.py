@@ -1,0 +1,85 @@
+"""reference-48's trainer (reference_recipe/r48.py): checkpoints, resume, the weights' moving average, re-warm-up.
+
+A 2-layer LlamaForCausalLM with reference-48's vocabulary trains a few steps on random 48x48 / 32x32 grids in
+r48's data layout; the run is stopped by its step budget and resumed, as a long run across sessions is.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+r48 = pytest.importorskip("reference_recipe.r48")
+
+
+def tiny_model_dir(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=528, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2432)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
+def tiny_data(work):
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for side, n in ((48, 6), (32, 6)):
+        out[f"train{side}"] = torch.randint(512, (n, side, side), generator=g, dtype=torch.int16)
+        out[f"train{side}_classes"] = torch.randint(11, (n,), generator=g)
+        # held out = two of the training grids, so that training lowers the held-out NLL
+        out[f"heldout{side}"] = out[f"train{side}"][:2].clone()
+        out[f"heldout{side}_classes"] = out[f"train{side}_classes"][:2].clone()
+    save_file(out, str(work / "data.safetensors"))
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_THREADS", "1")
+    monkeypatch.setattr(r48, "BATCH", 1)
+    monkeypatch.setattr(r48, "WARMUP", 4)
+    work = tmp_path / "work"
+    work.mkdir()
+    tiny_data(work)
+    return work, tiny_model_dir(tmp_path / "init")
+
+
+def test_ema_is_evaluated_kept_and_resumed(run):
+    work, init = run
+    r48.train(str(work), None, False, steps=3, init=init, peak_lr=1e-2, ema_decay=0.5)
+    ck = torch.load(work / "checkpoint.pt", weights_only=True)
+    assert ck["state"]["step"] == 3 and ck["state"]["ema_decay"] == 0.5
+    start = r48.warm_start(init).state_dict()
+    name = "model.layers.0.mlp.up_proj.weight"
+    # the average lies strictly between where training started and where it is now
+    moved, averaged = ck["model"][name] - start[name], ck["ema"][name] - start[name]
+    assert moved.abs().sum() > 0 and averaged.abs().sum() > 0
+    assert not torch.equal(ck["ema"][name], ck["model"][name])
+    # best.pt is the average (the held-out NLL is measured on it), not the training weights
+    best = torch.load(work / "best.pt", weights_only=True)
+    assert ck["state"]["best_step"] == 3 and torch.equal(best[name], ck["ema"][name])
+    # resumed with a larger step budget: the step count, the average and the history go on
+    r48.train(str(work), None, True, steps=5)
+    ck2 = torch.load(work / "checkpoint.pt", weights_only=True)
+    assert ck2["state"]["step"] == 5 and ck2["ema"] is not None
+    assert not torch.equal(ck2["ema"][name], ck["ema"][name])
+    steps = [h["step"] for h in json.loads((work / "history.json").read_text())]
+    assert steps[0] == 0 and steps[-1] == 5
+
+
+def test_new_peak_on_resume_warms_up_again(run, monkeypatch):
+    work, init = run
+    r48.train(str(work), None, False, steps=6, init=init, peak_lr=1e-3)
+    seen = []
+    real_step = torch.optim.AdamW.step
+
+    def record(self, *a, **k):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **k)
+    monkeypatch.setattr(torch.optim.AdamW, "step", record)
+    r48.train(str(work), None, True, steps=60, peak_lr=2e-3)
+    # from step 6 of 60 (still in the held third): 1/4, 2/4, 3/4 of the new peak, then the peak
+    assert seen[:5] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2e-3])
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["warm_from"] == 6
