@@ -598,3 +598,24 @@ def test_find_and_pickles(tmp_path):
     assert ibq.CONVERT_FIX.format(folder="F") == (
         "download model.ckpt and config.yaml from BAAI/Emu3.5-VisionTokenizer and convert them with "
         "`python -m ssd_core convert-ibq model.ckpt config.yaml F/ibq.safetensors`")
+
+
+@pytest.mark.parametrize("family", ["ibq", "movqgan"])
+def test_codes_are_checked_before_decoding(family):
+    """DecoderFile.embed_codes, shared by the IBQ and MoVQGAN decoders: a grid of ids in range, nothing else."""
+    if family == "ibq":
+        dec = tiny_ibq_decoder(1)
+    else:
+        from released_lumina2 import MOVQ
+        from ssd_core.pixel_decoders.movqgan import MoVQConfig, MoVQDecoder
+        dec = MoVQDecoder(MoVQConfig(**MOVQ))
+    n = dec.config.n_embed
+    zq = dec.embed_codes(torch.tensor([[[0, n - 1]]]))
+    assert tuple(zq.shape) == (1, dec.config.embed_dim, 1, 2)
+    assert torch.equal(zq[0, :, 0, 1], dec.quantize.embedding.weight[n - 1])
+    with pytest.raises(ValueError, match=r"codes must be \(B, H, W\), got shape \(2, 2\)"):
+        dec(torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=rf"code ids must lie in \[0, {n}\), got \[0, {n}\]"):
+        dec(torch.tensor([[[0, n]]]))
+    with pytest.raises(ValueError, match=r"got \[-1, 0\]"):
+        dec(torch.tensor([[[-1, 0]]]))

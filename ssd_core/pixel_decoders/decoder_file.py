@@ -10,14 +10,33 @@ import torch
 import torch.nn as nn
 
 
+class Quantize(nn.Module):
+    """The release's codebook, under its tensor name (quantize.embedding.weight)."""
+
+    def __init__(self, n_embed: int, embed_dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(n_embed, embed_dim)  # [codes, embed_dim]
+
+
 class DecoderFile(nn.Module):
-    """A pixel decoder module (codes [B, H, W] -> pixels in [-1, 1]) with its file format; a subclass names it."""
+    """A pixel decoder module (codes [B, H, W] -> pixels in [-1, 1]) with its file format; a subclass names it
+    and holds `config` (with n_embed) and `quantize` (a Quantize)."""
 
     what = ""  # how messages name it: "MoVQGAN", "IBQ"
     config_class: type  # its config dataclass (with validate())
     metadata_key = ""  # the metadata entry holding the config as JSON
     file_format = ""  # the metadata's "format"
     convert_fix = ""  # the fix a message gives, with {folder}
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Code ids [B, H, W] (checked) -> their codebook vectors [B, embed_dim, H, W]."""
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be (B, H, W), got shape {tuple(codes.shape)}")
+        codes = codes.to(self.quantize.embedding.weight.device).long()
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
+            raise ValueError(f"code ids must lie in [0, {self.config.n_embed}), got [{int(codes.min())}, "
+                             f"{int(codes.max())}]")
+        return self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()
 
     @torch.no_grad()
     def decode_to_image(self, codes: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .decoder_file import DecoderFile, write_state
+from .decoder_file import DecoderFile, Quantize, write_state
 
 METADATA_KEY = "ssd_movqgan_config"
 FILE_NAME = "movqgan.safetensors"
@@ -157,12 +157,6 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h, zq)))
 
 
-class _Quantize(nn.Module):
-    def __init__(self, n_embed: int, embed_dim: int):
-        super().__init__()
-        self.embedding = nn.Embedding(n_embed, embed_dim)  # [codes, embed_dim]
-
-
 class MoVQDecoder(DecoderFile):
     """Codes [B, H, W] -> pixels [B, 3, 8H, 8W] in [-1, 1] (270M: f = 8)."""
 
@@ -172,19 +166,13 @@ class MoVQDecoder(DecoderFile):
     def __init__(self, cfg: MoVQConfig | None = None):
         super().__init__()
         self.config = cfg = (cfg or MoVQConfig()).validate()
-        self.quantize = _Quantize(cfg.n_embed, cfg.embed_dim)
+        self.quantize = Quantize(cfg.n_embed, cfg.embed_dim)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
         self.decoder = Decoder(cfg)
 
     @torch.no_grad()
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        if codes.dim() != 3:
-            raise ValueError(f"codes must be (B, H, W), got shape {tuple(codes.shape)}")
-        codes = codes.to(self.quantize.embedding.weight.device).long()
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
-            raise ValueError(f"code ids must lie in [0, {self.config.n_embed}), got [{int(codes.min())}, "
-                             f"{int(codes.max())}]")
-        zq = self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()  # [B, embed_dim, H, W]
+        zq = self.embed_codes(codes)  # [B, embed_dim, H, W]
         return self.decoder(self.post_quant_conv(zq), zq)
 
 
