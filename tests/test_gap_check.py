@@ -1,0 +1,37 @@
+"""tools/gap_check.py, the many-image nll_full gap of the lossy rows: its figures are the bench's on the same images,
+though its `ar` images are drawn by ssd-exact."""
+import pytest
+
+from ssd_core.bench import BenchOptions, run_bench
+from tools import gap_check
+
+
+def test_gap_check_figures_are_the_bench_figures(bundled):
+    model, heads = bundled
+    o = BenchOptions(decoders=("ar", "ssd"), images=3, seed=11, grid=(12, 12), ssd_rounds=(1, 2), step_ops=False)
+    got = gap_check.check(model, heads, o, log=lambda *_: None)
+    want = run_bench(model, heads, o, log=lambda *_: None)
+    by_label = {row["decoder"]: row for row in want["rows"]}
+    assert [row["decoder"] for row in got["rows"]] == ["ssd r=1", "ssd r=2"]
+    assert got["ar"]["steps"] == 143  # a 12x12 grid with row ends: 156 positions, the first from the prefill
+    assert got["ar"]["nll_full"] == by_label["ar"]["nll_full"]
+    for row in got["rows"]:
+        bench_row = by_label[row["decoder"]]
+        for key in ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90"):
+            assert row[key] == bench_row[key], key
+    assert got["rows"][0]["nll_full_per_image"] != got["ar"]["nll_full_per_image"]
+
+
+def test_gap_check_refuses_where_ssd_exact_is_not_ar(bundled, monkeypatch):
+    """The premise is checked, not assumed: ssd-exact's first image must be ar's."""
+    model, heads = bundled
+    real = gap_check.ssd_core.generate
+
+    def shifted(*a, **kw):
+        result = real(*a, **kw)
+        if kw.get("decoder") == "ssd-exact":
+            result.tokens[0, 0] = (result.tokens[0, 0] + 1) % 512
+        return result
+    monkeypatch.setattr(gap_check.ssd_core, "generate", shifted)
+    with pytest.raises(SystemExit, match="did not give ar's tokens"):
+        gap_check.check(model, heads, BenchOptions(decoders=("ssd",), images=1, grid=(6, 6)), log=lambda *_: None)
