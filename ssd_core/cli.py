@@ -211,30 +211,28 @@ def cmd_convert_vqgan(args) -> int:
 
 def cmd_convert_movqgan(args) -> int:
     """Lumina-mGPT 2.0's movqgan_270M.ckpt -> movqgan.safetensors (pixel_decoders/movqgan.py)."""
-    from .pixel_decoders.convert_vqgan import ConversionError
     from .pixel_decoders.movqgan import convert
 
-    try:
-        cfg = convert(args.src, args.dst)
-    except ConversionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.dst}: {cfg.n_embed} codes, embed_dim {cfg.embed_dim}, ch {cfg.ch}, ch_mult {cfg.ch_mult}, "
-          f"f={cfg.factor}")
-    return 0
+    return _convert_decoder(lambda: convert(args.src, args.dst), args.dst)
 
 
 def cmd_convert_ibq(args) -> int:
     """Emu3.5's BAAI/Emu3.5-VisionTokenizer model.ckpt + config.yaml -> ibq.safetensors (pixel_decoders/ibq.py)."""
-    from .pixel_decoders.convert_vqgan import ConversionError
     from .pixel_decoders.ibq import convert
 
+    return _convert_decoder(lambda: convert(args.src, args.config, args.dst), args.dst)
+
+
+def _convert_decoder(convert, dst) -> int:
+    """Run a pixel decoder's conversion: its config in one line, or its error in one line and exit 2."""
+    from .pixel_decoders.convert_vqgan import ConversionError
+
     try:
-        cfg = convert(args.src, args.config, args.dst)
+        cfg = convert()
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.dst}: {cfg.n_embed} codes, embed_dim {cfg.embed_dim}, ch {cfg.ch}, ch_mult {cfg.ch_mult}, "
+    print(f"wrote {dst}: {cfg.n_embed} codes, embed_dim {cfg.embed_dim}, ch {cfg.ch}, ch_mult {cfg.ch_mult}, "
           f"f={cfg.factor}")
     return 0
 
