@@ -20,6 +20,18 @@ def test_gap_check_figures_are_the_bench_figures(bundled):
         for key in ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90"):
             assert row[key] == bench_row[key], key
     assert got["rows"][0]["nll_full_per_image"] != got["ar"]["nll_full_per_image"]
+    for row in got["rows"]:  # the paired mean excess: row minus ar, image by image
+        diffs = [f - a for f, a in zip(row["nll_full_per_image"], got["ar"]["nll_full_per_image"])]
+        assert row["nll_full_excess"] == pytest.approx(sum(diffs) / len(diffs), abs=2e-4)
+        low, high = row["nll_full_excess_90"]
+        assert min(diffs) - 1e-4 <= low <= row["nll_full_excess"] + 1e-4 <= high + 2e-4 <= max(diffs) + 3e-4
+
+
+def test_mean_interval_holds_a_known_shift_and_narrows():
+    assert gap_check.mean_interval([0.25] * 10) == [0.25, 0.25]
+    few = gap_check.mean_interval([0.0, 1.0] * 4)
+    many = gap_check.mean_interval([0.0, 1.0] * 64)
+    assert few[0] < many[0] < 0.5 < many[1] < few[1]
 
 
 def test_gap_check_refuses_where_ssd_exact_is_not_ar(bundled, monkeypatch):

@@ -7,12 +7,15 @@
 `ar`'s images are drawn by `ssd-exact` with the heads: `ar`'s very tokens for each prompt and seed (fp32), so its
 nll_full is `ar`'s, in a third of the time. One real `ar` image (the first) gives `ar`'s step count and checks that.
 Each row gets the bench's figures for the gap: the median nll_full, the gap of medians and its 90% bootstrap
-interval (bench.gap_interval), its median steps and its step ratio against `ar`.
+interval (bench.gap_interval), its median steps and its step ratio against `ar`; and the paired view the median
+hides: the mean of (the row's nll_full - ar's) over the images, each pair sharing prompt and seed, with its 90%
+bootstrap interval.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -61,13 +64,25 @@ def check(model, heads, o: BenchOptions, log=print) -> dict:
                "nll_full": round(statistics.median(fulls), 4),
                "nll_full_gap": _gap(statistics.median(fulls), statistics.median(ar_full)),
                "nll_full_gap_90": gap_interval(fulls, ar_full),
+               # the paired view: the row's nll_full minus ar's on the same prompt and seed, mean and 90% interval
+               "nll_full_excess": round(statistics.mean(f - a for f, a in zip(fulls, ar_full)), 4),
+               "nll_full_excess_90": mean_interval([f - a for f, a in zip(fulls, ar_full)]),
                "nll_full_per_image": [round(v, 4) for v in fulls], "seconds": round(time.time() - t0, 1)}
         out["rows"].append(row)
         low, high = row["nll_full_gap_90"] or (float("nan"), float("nan"))
         log(f"{label}: {row['steps']} steps, {row['step_ratio']}x fewer than ar, nll_full gap "
-            f"{row['nll_full_gap'] * 100:+.1f}% (90%: {low * 100:+.1f}% to {high * 100:+.1f}%)")
+            f"{row['nll_full_gap'] * 100:+.1f}% (90%: {low * 100:+.1f}% to {high * 100:+.1f}%); paired mean excess "
+            f"{row['nll_full_excess']:+.3f} nats (90%: {row['nll_full_excess_90'][0]:+.3f} to "
+            f"{row['nll_full_excess_90'][1]:+.3f})")
     out["ar"]["nll_full_per_image"] = [round(v, 4) for v in ar_full]
     return out
+
+
+def mean_interval(values: list, draws: int = 2000, seed: int = 0) -> list:
+    """A 90% bootstrap interval [low, high] of the mean of `values` (the images drawn again with replacement)."""
+    rng = random.Random(seed)
+    means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return [round(means[int(0.05 * (draws - 1))], 4), round(means[int(0.95 * (draws - 1))], 4)]
 
 
 def main(argv=None) -> dict:
