@@ -81,11 +81,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decoder", default="ssd-exact", choices=["ssd-exact", "ar"])
+    ap.add_argument("--heads", help="heads file or bundled name for ssd-exact (default: the bundled model's own)")
     ap.add_argument("--grid", help="HxW (default: the model's)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     model = ssd_core.load_model(a.model)
-    heads = ssd_core.load_heads(a.model, model) if a.decoder != "ar" else None
+    heads = ssd_core.load_heads(a.heads or a.model, model) if a.decoder != "ar" else None
     grid = tuple(int(x) for x in a.grid.split("x")) if a.grid else None
     out = {"model": a.model, "images": a.images, "seed": a.seed, "decoder": a.decoder,
            "defaults": dict(model.defaults),
