@@ -137,7 +137,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         if ema_decay is not None:
             state["ema_decay"] = ema_decay
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
-    if ema_decay is not None and not resume:
+    if ema_decay is not None and saved is None:  # a fresh run (also --resume with no checkpoint yet)
         state["ema_decay"] = ema_decay
     # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
     ema = None
