@@ -75,6 +75,24 @@ def eval_ar(model, tokens, labels, lay, batch: int = 16) -> float:
     return tot / n
 
 
+@torch.no_grad()
+def class_likelihood(model, tokens, labels, lay, num_classes: int, batch: int = 8) -> dict:
+    """How much the class token tells the model, teacher-forced on real grids: each grid's NLL (nats per image token)
+    under every class and under the null class; `accuracy` is the share of grids whose true class gives the lowest
+    NLL (chance: 1 / num_classes), `nll_true` / `nll_null` the mean NLL under the true and the null class."""
+    model.eval()
+    nll = torch.zeros(len(tokens), num_classes + 1)
+    for c in range(num_classes + 1):  # the last column: the null class (its token follows the class tokens)
+        for i in range(0, len(tokens), batch):
+            grids = tokens[i:i + batch].long()
+            ce = ar_loss(model, sequences(grids, torch.full((len(grids),), c), lay), reduction="none")
+            nll[i:i + batch, c] = ce.mean(1)
+    labels = torch.as_tensor(labels).long()
+    return {"accuracy": float((nll[:, :num_classes].argmin(1) == labels).float().mean()),
+            "nll_true": float(nll[torch.arange(len(tokens)), labels].mean()), "nll_null": float(nll[:, -1].mean()),
+            "grids": len(tokens)}
+
+
 def save_ar(model, out_dir: str, lay: dict, class_names: list[str], extra: dict | None = None) -> None:
     """fp16 safetensors + ssd_model.json (the llama-grid contract)."""
     os.makedirs(out_dir, exist_ok=True)

@@ -4,6 +4,7 @@
     python -m reference_recipe.r48 train --work build/r48 --minutes 70 [--resume]
     python -m reference_recipe.r48 train --work build/r48x --init ssd_core/reference/model48 --steps 2000 [--resume] [--lr 2e-4]
     python -m reference_recipe.r48 ship  --work build/r48 --out ssd_core/reference/model48
+    python -m reference_recipe.r48 classes --work build/r48x --model ssd_core/reference/model48 --side 48
 
 Design (issue 24): the same glyphs, classes, held-out split and VQ as `reference` (the VQ is fully
 convolutional: a 192 px render gives a 48x48 grid, a 128 px render 32x32); the same LlamaForCausalLM, every
@@ -255,10 +256,31 @@ def heads_grids(work: str, count: int = 240) -> None:
         log(f"wrote {path}: {tuple(tokens.shape)}")
 
 
+def classes(work: str, model_dir: str, side: int) -> dict:
+    """ar.class_likelihood of a model folder on the held-out grids of one size (24: the bundled model's held-out file
+    the tests read; 48 / 32: `work`'s data)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+    from .ar import class_likelihood
+    spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
+    if side == 24:
+        held = load_file("tests/data/heldout_tokens.safetensors")
+        tokens, labels = held["tokens"], held["labels"]
+    else:
+        data = load_file(os.path.join(work, "data.safetensors"))
+        tokens, labels = data[f"heldout{side}"], data[f"heldout{side}_classes"]
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = class_likelihood(model, tokens, labels, layout(spec["num_classes"], row_end=True), spec["num_classes"])
+    log(f"{model_dir} on {out['grids']} held-out {side}x{side} grids: the true class has the lowest NLL for "
+        f"{out['accuracy']:.1%}; NLL under the true class {out['nll_true']:.4f}, under the null class "
+        f"{out['nll_null']:.4f}")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m reference_recipe.r48", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["data", "train", "ship", "grids"])
+    ap.add_argument("stage", choices=["data", "train", "ship", "grids", "classes"])
     ap.add_argument("--work", default="build/r48")
     ap.add_argument("--minutes", type=float, default=None,
                     help="training budget in wall-clock minutes (default 70; with --resume: a new budget)")
@@ -270,10 +292,13 @@ def main(argv=None) -> None:
                     help="keep a moving average of the weights with this decay a step (e.g. 0.998); it is what is "
                          "evaluated and kept as best.pt")
     ap.add_argument("--out", default="ssd_core/reference/model48")
+    ap.add_argument("--model", default="ssd_core/reference/model48", help="classes: the model folder to check")
+    ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema),
-     "ship": lambda: ship(a.work, a.out, a.init), "grids": lambda: heads_grids(a.work)}[a.stage]()
+     "ship": lambda: ship(a.work, a.out, a.init), "grids": lambda: heads_grids(a.work),
+     "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 
 
 if __name__ == "__main__":

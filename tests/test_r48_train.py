@@ -83,3 +83,22 @@ def test_new_peak_on_resume_warms_up_again(run, monkeypatch):
     # from step 6 of 60 (still in the held third): 1/4, 2/4, 3/4 of the new peak, then the peak
     assert seen[:5] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2e-3])
     assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["warm_from"] == 6
+
+
+def test_class_likelihood_on_the_bundled_model():
+    """ar.class_likelihood (r48's `classes` stage) on 8 held-out 24x24 grids of the bundled model: the true class's
+    NLL is eval_ar's, the class token helps (null-class NLL higher), and the lowest-NLL class is right well above
+    chance (1 in 11)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    from reference_recipe.ar import class_likelihood, eval_ar, layout
+    held = load_file("tests/data/heldout_tokens.safetensors")
+    tokens, labels = held["tokens"][:8], held["labels"][:8]
+    model = LlamaForCausalLM.from_pretrained("ssd_core/reference/model", dtype=torch.float32)
+    lay = layout(11, row_end=True)
+    out = class_likelihood(model, tokens, labels, lay, 11)
+    assert out["grids"] == 8
+    assert out["nll_true"] == pytest.approx(eval_ar(model, tokens.long(), labels, lay), rel=1e-5)
+    assert out["nll_null"] > out["nll_true"]
+    assert out["accuracy"] >= 0.25
