@@ -23,6 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .decoder_file import Quantize, embed_codes
+
 METADATA_KEY = "ssd_vqgan_config"
 FORMAT = "ssd-vqgan-decoder"
 FORMAT_VERSION = "1"
@@ -173,12 +175,6 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
-class _Quantize(nn.Module):
-    def __init__(self, n_embed: int, embed_dim: int):
-        super().__init__()
-        self.embedding = nn.Embedding(n_embed, embed_dim)
-
-
 class VQGANDecoder(nn.Module):
     """Code ids (B, H, W) -> pixels (B, 3, 16H, 16W) in [-1, 1]."""
 
@@ -186,18 +182,12 @@ class VQGANDecoder(nn.Module):
         super().__init__()
         self.config = cfg = cfg or VQGANConfig()
         cfg.validate()
-        self.quantize = _Quantize(cfg.n_embed, cfg.embed_dim)
+        self.quantize = Quantize(cfg.n_embed, cfg.embed_dim)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
         self.decoder = Decoder(cfg)
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        if codes.dim() != 3:
-            raise ValueError(f"codes must be (B, H, W), got shape {tuple(codes.shape)}")
-        codes = codes.to(self.quantize.embedding.weight.device).long()
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
-            raise ValueError(f"code ids must lie in [0, {self.config.n_embed}), got "
-                             f"[{int(codes.min())}, {int(codes.max())}]")
-        return self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()
+        return embed_codes(self.quantize, self.config.n_embed, codes)
 
     @torch.no_grad()
     def forward(self, codes: torch.Tensor) -> torch.Tensor:

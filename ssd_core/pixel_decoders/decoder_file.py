@@ -18,6 +18,16 @@ class Quantize(nn.Module):
         self.embedding = nn.Embedding(n_embed, embed_dim)  # [codes, embed_dim]
 
 
+def embed_codes(quantize: Quantize, n_embed: int, codes: torch.Tensor) -> torch.Tensor:
+    """Code ids [B, H, W] (checked: three dims, each id in [0, n_embed)) -> their codebook vectors [B, embed_dim, H, W]."""
+    if codes.dim() != 3:
+        raise ValueError(f"codes must be (B, H, W), got shape {tuple(codes.shape)}")
+    codes = codes.to(quantize.embedding.weight.device).long()
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= n_embed):
+        raise ValueError(f"code ids must lie in [0, {n_embed}), got [{int(codes.min())}, {int(codes.max())}]")
+    return quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()
+
+
 class DecoderFile(nn.Module):
     """A pixel decoder module (codes [B, H, W] -> pixels in [-1, 1]) with its file format; a subclass names it
     and holds `config` (with n_embed) and `quantize` (a Quantize)."""
@@ -30,13 +40,7 @@ class DecoderFile(nn.Module):
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Code ids [B, H, W] (checked) -> their codebook vectors [B, embed_dim, H, W]."""
-        if codes.dim() != 3:
-            raise ValueError(f"codes must be (B, H, W), got shape {tuple(codes.shape)}")
-        codes = codes.to(self.quantize.embedding.weight.device).long()
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed):
-            raise ValueError(f"code ids must lie in [0, {self.config.n_embed}), got [{int(codes.min())}, "
-                             f"{int(codes.max())}]")
-        return self.quantize.embedding(codes).permute(0, 3, 1, 2).contiguous()
+        return embed_codes(self.quantize, self.config.n_embed, codes)
 
     @torch.no_grad()
     def decode_to_image(self, codes: torch.Tensor) -> torch.Tensor:
