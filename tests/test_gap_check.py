@@ -47,3 +47,20 @@ def test_gap_check_refuses_where_ssd_exact_is_not_ar(bundled, monkeypatch):
     monkeypatch.setattr(gap_check.ssd_core, "generate", shifted)
     with pytest.raises(SystemExit, match="did not give ar's tokens"):
         gap_check.check(model, heads, BenchOptions(decoders=("ssd",), images=1, grid=(6, 6)), log=lambda *_: None)
+
+
+def test_difficulty_curve_is_the_bench_sweep_without_ar_runs(bundled):
+    """gap_check --difficulty gives `bench --difficulty`'s steps, ratios, gaps and ar's certainty, point by point."""
+    from ssd_core import difficulty
+    model, heads = bundled
+    o = BenchOptions(decoders=("ar", "ssd-exact@2", "sjd-pac"), images=2, seed=21, grid=(8, 8), step_ops=False)
+    got = gap_check.difficulty_curve(model, heads, o, temperatures=(1.0, 1.6), log=lambda *_: None)
+    want = difficulty.sweep(model, heads, o, temperatures=(1.0, 1.6), log=lambda *_: None)
+    assert [(p["temperature"], p["cfg"]) for p in got["points"]] == [(1.0, 4.0), (1.6, 4.0), (1.0, 2.5)]
+    for mine, theirs in zip(got["points"], want["points"]):
+        assert (mine["top1"], mine["entropy"]) == (theirs["top1"], theirs["entropy"])
+        assert set(mine["rows"]) == {"ar", "ssd-exact@2", "sjd-pac"}
+        for label, row in mine["rows"].items():
+            for key in ("steps", "step_ratio", "nll_full", "nll_full_gap"):
+                assert row[key] == theirs["rows"][label][key], (label, key)
+    assert got["points"][0]["top1"] > got["points"][1]["top1"]  # hotter: less certain tokens

@@ -3,6 +3,8 @@
 
     python tools/gap_check.py --model reference-48 --images 64 --seed 5000 --ssd-rounds 2,3 --ssd-adaptive 10 \
         [--adaptive-percent 0] [--json out.json]
+    python tools/gap_check.py --model reference-48 --decoders ssd,ssd-exact@3,sjd-pac --images 16 --seed 5000 \
+        --difficulty --json out.json --plot out.png     # bench --difficulty's curve, ar's images by ssd-exact
 
 `ar`'s images are drawn by `ssd-exact` with the heads: `ar`'s very tokens for each prompt and seed (fp32), so its
 nll_full is `ar`'s, in a third of the time. One real `ar` image (the first) gives `ar`'s step count and checks that.
@@ -19,6 +21,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +30,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import ssd_core  # noqa: E402
+from ssd_core import difficulty  # noqa: E402
 from ssd_core.bench import BenchOptions, _gap, _row_call, _variants, gap_interval, prompts_for  # noqa: E402
 from ssd_core.decoders import DecoderParams  # noqa: E402
 
 
-def check(model, heads, o: BenchOptions, log=print) -> dict:
-    """{"ar": ar's figures, "rows": one per lossy row} for o.images images (classes in turn, seeds from o.seed)."""
+def check(model, heads, o: BenchOptions, log=print, keep: dict | None = None) -> dict:
+    """{"ar": ar's figures, "rows": one per row} for o.images images (classes in turn, seeds from o.seed).
+    keep: given a dict, it receives ar's runs ("ar") and the prompts ("prompts")."""
     prompts = prompts_for(model, o.images, o.prompt)
     seeds = [o.seed + i for i in range(o.images)]
     sampler = {"cfg": o.cfg, "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "min_p": o.min_p,
@@ -46,6 +51,8 @@ def check(model, heads, o: BenchOptions, log=print) -> dict:
         raise SystemExit("ssd-exact did not give ar's tokens on the first image: its nll_full cannot stand for ar's "
                          "here (fp32 is needed)")
     ar_full = [r.trace.nll_full for r in ar]
+    if keep is not None:
+        keep.update(ar=ar, prompts=prompts)
     out = {"images": o.images, "seed": o.seed, "settings": slow.trace.settings,
            "ar": {"steps": slow.trace.steps, "nll_full": round(statistics.median(ar_full), 4),
                   "seconds": round(time.time() - t0, 1)}, "rows": []}
@@ -77,6 +84,29 @@ def check(model, heads, o: BenchOptions, log=print) -> dict:
     return out
 
 
+def difficulty_curve(model, heads, o: BenchOptions, temperatures=difficulty.TEMPERATURES, log=print) -> dict:
+    """`bench --difficulty`'s curve with `ar`'s images drawn by ssd-exact: at each of difficulty.points, every row's
+    steps, step ratio and nll_full gap, and the top-1 probability and entropy of ar's tokens, in the layout
+    difficulty.write and difficulty.plot read (no class accuracy or wall: no pixels are decoded)."""
+    out = []
+    for p in difficulty.points(model, temperatures):
+        log(f"difficulty: temperature {p['temperature']:g}, cfg {p['cfg']:g}")
+        kept: dict = {}
+        at = replace(o, temperature=p["temperature"], cfg=p["cfg"])
+        got = check(model, heads, at, log=log, keep=kept)
+        sure = difficulty.certainty(model, kept["ar"], kept["prompts"], p["cfg"], p["temperature"], at)
+        rows = {"ar": {"steps": got["ar"]["steps"], "step_ratio": 1.0, "nll_full": got["ar"]["nll_full"],
+                       "nll_full_gap": 0.0}}
+        rows.update({r["decoder"]: {k: r[k] for k in ROW_KEYS} for r in got["rows"]})
+        out.append({**p, **sure, "rows": rows})
+        log(f"  ar's tokens: mean top-1 probability {sure['top1']:.3f}, entropy {sure['entropy']:.3f} nats")
+    return {"model": o.model_name, "images": o.images, "seed": o.seed, "grid": o.grid, "ar_by": "ssd-exact",
+            "points": out}
+
+
+ROW_KEYS = ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90", "nll_full_excess")
+
+
 def mean_interval(values: list, draws: int = 2000, seed: int = 0) -> list:
     """A 90% bootstrap interval [low, high] of the mean of `values` (the images drawn again with replacement)."""
     rng = random.Random(seed)
@@ -95,6 +125,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--ssd-adaptive", default="", help="comma list, as bench's")
     ap.add_argument("--adaptive-percent", type=int, default=None, help="every ssd row's own adaptive percent")
     ap.add_argument("--grid", help="HxW (default: the model's)")
+    ap.add_argument("--difficulty", action="store_true", help="bench --difficulty's points (temperatures, a weaker "
+                    "cfg), each with ar's top-1 probability and entropy")
+    ap.add_argument("--plot", help="with --difficulty: the step-ratio plot (PNG)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
@@ -103,7 +136,11 @@ def main(argv=None) -> dict:
     o = BenchOptions(decoders=tuple(d.strip() for d in a.decoders.split(",")), images=a.images, seed=a.seed,
                      ssd_rounds=ints(a.ssd_rounds), ssd_adaptive=ints(a.ssd_adaptive),
                      params=DecoderParams(adaptive_percent=a.adaptive_percent),
-                     grid=tuple(int(x) for x in a.grid.split("x")) if a.grid else None)
+                     grid=tuple(int(x) for x in a.grid.split("x")) if a.grid else None, model_name=a.model)
+    if a.difficulty:
+        out = difficulty_curve(model, heads, o)
+        difficulty.write(out, a.json, a.plot)
+        return out
     out = {"model": a.model, **check(model, heads, o)}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
