@@ -102,3 +102,25 @@ def test_class_likelihood_on_the_bundled_model():
     assert out["nll_true"] == pytest.approx(eval_ar(model, tokens.long(), labels, lay), rel=1e-5)
     assert out["nll_null"] > out["nll_true"]
     assert out["accuracy"] >= 0.25
+
+
+def test_balance_draws_every_class_equally_often():
+    classes = torch.tensor([0] * 40 + [3] * 8 + [7] * 2)
+    g = torch.Generator().manual_seed(0)
+    plain = classes[r48.batch_indices(classes, 3000, g, balance=False)].bincount(minlength=8)
+    even = classes[r48.batch_indices(classes, 3000, g, balance=True)].bincount(minlength=8)
+    assert plain[0] > 2000 and plain[7] < 250  # as often as its grids: 80% / 4%
+    assert all(900 < int(even[c]) < 1100 for c in (0, 3, 7)) and even.sum() == 3000
+    picked = r48.batch_indices(classes, 500, g, balance=True)
+    assert set(picked[classes[picked] == 7].tolist()) == {48, 49}  # a class's own grids, each of them
+
+
+def test_balance_is_kept_across_a_resume_and_can_be_turned_off(run):
+    work, init = run
+    r48.train(str(work), None, False, steps=2, init=init, balance=True)
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["balance"] is True
+    r48.train(str(work), None, True, steps=3)
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["balance"] is True
+    r48.train(str(work), None, True, steps=4, balance=False)
+    ck = torch.load(work / "checkpoint.pt", weights_only=True)
+    assert ck["state"]["balance"] is False and ck["state"]["step"] == 4
