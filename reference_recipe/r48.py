@@ -237,10 +237,17 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         f"at step {state['best_step']}")
 
 
-def ship(work: str, out: str, init: str | None = None) -> None:
-    """The best checkpoint as a model folder: fp16 weights and ssd_model.json naming reference's VQ and yardstick."""
+def ship(work: str, out: str, init: str | None = None, weights: str = "best") -> None:
+    """A checkpoint as a model folder: fp16 weights and ssd_model.json naming reference's VQ and yardstick.
+    weights: "best" (best.pt, the lowest held-out NLL) or "latest" (checkpoint.pt's moving average, else its weights:
+    for a run whose held-out NLL is not what it is judged by, e.g. with --balance)."""
     model = warm_start(init)
-    model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
+    if weights == "latest":
+        saved = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=True)
+        model.load_state_dict(saved["ema"] if saved.get("ema") is not None else saved["model"])
+        log(f"shipping step {saved['state']['step']}")
+    else:
+        model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
     os.makedirs(out, exist_ok=True)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
@@ -309,6 +316,8 @@ def main(argv=None) -> None:
                          "evaluated and kept as best.pt")
     ap.add_argument("--balance", action=argparse.BooleanOptionalAction, default=None,
                     help="draw each class equally often (default: every grid equally often; with --resume: from now on)")
+    ap.add_argument("--weights", default="best", choices=["best", "latest"],
+                    help="ship: best.pt (lowest held-out NLL) or the checkpoint's latest moving average")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     ap.add_argument("--model", default="ssd_core/reference/model48", help="classes: the model folder to check")
     ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
@@ -316,7 +325,7 @@ def main(argv=None) -> None:
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema,
                                                  a.balance),
-     "ship": lambda: ship(a.work, a.out, a.init), "grids": lambda: heads_grids(a.work),
+     "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 
 

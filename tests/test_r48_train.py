@@ -124,3 +124,22 @@ def test_balance_is_kept_across_a_resume_and_can_be_turned_off(run):
     r48.train(str(work), None, True, steps=4, balance=False)
     ck = torch.load(work / "checkpoint.pt", weights_only=True)
     assert ck["state"]["balance"] is False and ck["state"]["step"] == 4
+
+
+def test_ship_takes_the_best_or_the_latest_average(run, tmp_path):
+    from safetensors.torch import load_file
+    work, init = run
+    r48.train(str(work), None, False, steps=3, init=init, peak_lr=1e-2, ema_decay=0.5)
+    ck = torch.load(work / "checkpoint.pt", weights_only=True)
+    ck["state"]["best_nll48"] = -1.0  # a later step that is not the best: best.pt stays where it is
+    torch.save(ck, work / "checkpoint.pt")
+    r48.train(str(work), None, True, steps=5)
+    name = "model.layers.0.mlp.up_proj.weight"
+    latest = torch.load(work / "checkpoint.pt", weights_only=True)["ema"][name]
+    best = torch.load(work / "best.pt", weights_only=True)[name]
+    assert not torch.equal(latest, best)
+    for which, want in (("best", best), ("latest", latest)):
+        out = tmp_path / which
+        r48.ship(str(work), str(out), init, weights=which)
+        got = load_file(str(out / "model.safetensors"))[name]
+        assert got.dtype == torch.float16 and torch.equal(got, want.half())
