@@ -64,3 +64,14 @@ def test_difficulty_curve_is_the_bench_sweep_without_ar_runs(bundled):
             for key in ("steps", "step_ratio", "nll_full", "nll_full_gap"):
                 assert row[key] == theirs["rows"][label][key], (label, key)
     assert got["points"][0]["top1"] > got["points"][1]["top1"]  # hotter: less certain tokens
+
+
+def test_difficulty_from_the_command_line_writes_its_points(tmp_path):
+    import json
+    out = tmp_path / "curve.json"
+    gap_check.main(["--model", "reference", "--decoders", "ssd-exact@2", "--images", "1", "--grid", "6x6",
+                    "--difficulty", "--temperatures", "1.3", "--json", str(out), "--plot", str(tmp_path / "c.png")])
+    got = json.loads(out.read_text())
+    assert [(p["temperature"], p["cfg"]) for p in got["points"]] == [(1.3, 4.0), (1.0, 2.5)]
+    assert got["ar_by"] == "ssd-exact" and got["points"][0]["rows"]["ssd-exact@2"]["nll_full_gap"] == 0.0
+    assert (tmp_path / "c.png").stat().st_size > 1000

@@ -127,6 +127,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--grid", help="HxW (default: the model's)")
     ap.add_argument("--difficulty", action="store_true", help="bench --difficulty's points (temperatures, a weaker "
                     "cfg), each with ar's top-1 probability and entropy")
+    ap.add_argument("--temperatures", default=",".join(f"{t:g}" for t in difficulty.TEMPERATURES),
+                    help="with --difficulty: the temperatures at the model's cfg (the weaker cfg is added at 1)")
     ap.add_argument("--plot", help="with --difficulty: the step-ratio plot (PNG)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -138,7 +140,7 @@ def main(argv=None) -> dict:
                      params=DecoderParams(adaptive_percent=a.adaptive_percent),
                      grid=tuple(int(x) for x in a.grid.split("x")) if a.grid else None, model_name=a.model)
     if a.difficulty:
-        out = difficulty_curve(model, heads, o)
+        out = difficulty_curve(model, heads, o, tuple(float(t) for t in a.temperatures.split(",")))
         difficulty.write(out, a.json, a.plot)
         return out
     out = {"model": a.model, **check(model, heads, o)}
