@@ -315,7 +315,7 @@ def main(argv=None) -> None:
                     help="keep a moving average of the weights with this decay a step (e.g. 0.998); it is what is "
                          "evaluated and kept as best.pt")
     ap.add_argument("--balance", action=argparse.BooleanOptionalAction, default=None,
-                    help="draw each class equally often (default: every grid equally often; with --resume: from now on)")
+                    help="draw each class equally often (default: each grid; with --resume: from now on)")
     ap.add_argument("--weights", default="best", choices=["best", "latest"],
                     help="ship: best.pt (lowest held-out NLL) or the checkpoint's latest moving average")
     ap.add_argument("--out", default="ssd_core/reference/model48")
@@ -323,8 +323,8 @@ def main(argv=None) -> None:
     ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
-    {"data": lambda: build_data(a.work), "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema,
-                                                 a.balance),
+    {"data": lambda: build_data(a.work),
+     "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

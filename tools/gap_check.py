@@ -7,7 +7,8 @@
         --difficulty --json out.json --plot out.png     # bench --difficulty's curve, ar's images by ssd-exact
 
 `ar`'s images are drawn by `ssd-exact` with the heads: `ar`'s very tokens for each prompt and seed (fp32), so its
-nll_full is `ar`'s, in a third of the time. One real `ar` image (the first) gives `ar`'s step count and checks that.
+nll_full is `ar`'s, in less time (at the rows ssd-exact picks). One real `ar` image (the first) gives `ar`'s step
+count and checks that.
 Each row gets the bench's figures for the gap: the median nll_full, the gap of medians and its 90% bootstrap
 interval (bench.gap_interval), its median steps and its step ratio against `ar`; and the paired view the median
 hides: the mean of (the row's nll_full - ar's) over the images, each pair sharing prompt and seed, with its 90%
@@ -84,6 +85,10 @@ def check(model, heads, o: BenchOptions, log=print, keep: dict | None = None) ->
     return out
 
 
+# a row's figures kept at each point of the curve
+CURVE_KEYS = ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90", "nll_full_excess")
+
+
 def difficulty_curve(model, heads, o: BenchOptions, temperatures=difficulty.TEMPERATURES, log=print) -> dict:
     """`bench --difficulty`'s curve with `ar`'s images drawn by ssd-exact: at each of difficulty.points, every row's
     steps, step ratio and nll_full gap, and the top-1 probability and entropy of ar's tokens, in the layout
@@ -97,14 +102,11 @@ def difficulty_curve(model, heads, o: BenchOptions, temperatures=difficulty.TEMP
         sure = difficulty.certainty(model, kept["ar"], kept["prompts"], p["cfg"], p["temperature"], at)
         rows = {"ar": {"steps": got["ar"]["steps"], "step_ratio": 1.0, "nll_full": got["ar"]["nll_full"],
                        "nll_full_gap": 0.0}}
-        rows.update({r["decoder"]: {k: r[k] for k in ROW_KEYS} for r in got["rows"]})
+        rows.update({r["decoder"]: {k: r[k] for k in CURVE_KEYS} for r in got["rows"]})
         out.append({**p, **sure, "rows": rows})
         log(f"  ar's tokens: mean top-1 probability {sure['top1']:.3f}, entropy {sure['entropy']:.3f} nats")
     return {"model": o.model_name, "images": o.images, "seed": o.seed, "grid": o.grid, "ar_by": "ssd-exact",
             "points": out}
-
-
-ROW_KEYS = ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90", "nll_full_excess")
 
 
 def mean_interval(values: list, draws: int = 2000, seed: int = 0) -> list:
