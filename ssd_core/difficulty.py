@@ -62,19 +62,26 @@ def certainty(model, results, prompts, cfg: float, temperature: float, o: BenchO
     return {"top1": round(statistics.mean(top1), 4), "entropy": round(statistics.mean(entropy), 4)}
 
 
-def sweep(model, heads, o: BenchOptions, temperatures=TEMPERATURES, weak_cfg: float | None = None,
-          log=print) -> dict:
-    """The bench at every point -> {"points": [{temperature, cfg, top1, entropy, rows: {decoder: figures}}], ...}."""
+def bench_point(model, heads, o: BenchOptions, log=print):
+    """One point of the sweep by the bench -> (rows {decoder: figures}, ar's runs, their prompts)."""
     if "ar" not in o.decoders:
         raise SSDError("the difficulty sweep measures ar's own tokens: keep ar in --decoders")
+    kept: dict = {}
+    report = run_bench(model, heads, replace(o, plot=None, json=None, out_dir=None, step_ops=False), log=log,
+                       keep=kept)  # no ops column
+    rows = {r["decoder"]: {k: r[k] for k in ROW_KEYS if k in r} for r in report["rows"]}
+    return rows, kept["results"]["ar"], kept["prompts"]
+
+
+def sweep(model, heads, o: BenchOptions, temperatures=TEMPERATURES, weak_cfg: float | None = None,
+          log=print, measure=bench_point) -> dict:
+    """`measure` (default: the bench) at every point -> {"points": [{temperature, cfg, top1, entropy, rows: {decoder:
+    figures}}], ...}; measure(model, heads, options at the point, log) -> (rows, ar's runs, their prompts)."""
     out = []
     for p in points(model, temperatures, weak_cfg):
         log(f"difficulty: temperature {p['temperature']:g}, cfg {p['cfg']:g}")
-        kept: dict = {}
-        report = run_bench(model, heads, replace(o, temperature=p["temperature"], cfg=p["cfg"], plot=None, json=None,
-                                                 out_dir=None, step_ops=False), log=log, keep=kept)  # no ops column
-        sure = certainty(model, kept["results"]["ar"], kept["prompts"], p["cfg"], p["temperature"], o)
-        rows = {r["decoder"]: {k: r[k] for k in ROW_KEYS if k in r} for r in report["rows"]}
+        rows, ar_runs, prompts = measure(model, heads, replace(o, temperature=p["temperature"], cfg=p["cfg"]), log)
+        sure = certainty(model, ar_runs, prompts, p["cfg"], p["temperature"], o)
         out.append({**p, **sure, "rows": rows})
         log(f"  ar's tokens: mean top-1 probability {sure['top1']:.3f}, entropy {sure['entropy']:.3f} nats; "
             + ", ".join(f"{d} {r['step_ratio']}x" for d, r in rows.items()))

@@ -22,7 +22,6 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,24 +88,21 @@ def check(model, heads, o: BenchOptions, log=print, keep: dict | None = None) ->
 CURVE_KEYS = ("steps", "step_ratio", "nll_full", "nll_full_gap", "nll_full_gap_90", "nll_full_excess")
 
 
+def curve_point(model, heads, o: BenchOptions, log=print):
+    """One point of the difficulty sweep by `check` -> (rows {label: figures}, ar's runs, their prompts)."""
+    kept: dict = {}
+    got = check(model, heads, o, log=log, keep=kept)
+    rows = {"ar": {"steps": got["ar"]["steps"], "step_ratio": 1.0, "nll_full": got["ar"]["nll_full"],
+                   "nll_full_gap": 0.0}}
+    rows.update({r["decoder"]: {k: r[k] for k in CURVE_KEYS} for r in got["rows"]})
+    return rows, kept["ar"], kept["prompts"]
+
+
 def difficulty_curve(model, heads, o: BenchOptions, temperatures=difficulty.TEMPERATURES, log=print) -> dict:
     """`bench --difficulty`'s curve with `ar`'s images drawn by ssd-exact: at each of difficulty.points, every row's
     steps, step ratio and nll_full gap, and the top-1 probability and entropy of ar's tokens, in the layout
     difficulty.write and difficulty.plot read (no class accuracy or wall: no pixels are decoded)."""
-    out = []
-    for p in difficulty.points(model, temperatures):
-        log(f"difficulty: temperature {p['temperature']:g}, cfg {p['cfg']:g}")
-        kept: dict = {}
-        at = replace(o, temperature=p["temperature"], cfg=p["cfg"])
-        got = check(model, heads, at, log=log, keep=kept)
-        sure = difficulty.certainty(model, kept["ar"], kept["prompts"], p["cfg"], p["temperature"], at)
-        rows = {"ar": {"steps": got["ar"]["steps"], "step_ratio": 1.0, "nll_full": got["ar"]["nll_full"],
-                       "nll_full_gap": 0.0}}
-        rows.update({r["decoder"]: {k: r[k] for k in CURVE_KEYS} for r in got["rows"]})
-        out.append({**p, **sure, "rows": rows})
-        log(f"  ar's tokens: mean top-1 probability {sure['top1']:.3f}, entropy {sure['entropy']:.3f} nats")
-    return {"model": o.model_name, "images": o.images, "seed": o.seed, "grid": o.grid, "ar_by": "ssd-exact",
-            "points": out}
+    return {**difficulty.sweep(model, heads, o, temperatures, log=log, measure=curve_point), "ar_by": "ssd-exact"}
 
 
 def mean_interval(values: list, draws: int = 2000, seed: int = 0) -> list:
