@@ -20,6 +20,9 @@ step) beside them: held-out NLL is then measured on it and `best.pt` is the best
 sharing several sessions can be shipped at any point of a held learning rate. A resume that sets a new `--lr`
 warms up to it again (WARMUP steps) from where it resumed. `--balance` draws each class equally often instead of
 each grid (the glyph set runs from 19 hearts to 130 animals, and the class accuracy asks every class in turn).
+`--originals` trains on the glyphs as rendered only (not their shifted copies), `--mix32 F` on 32x32 sequences for a
+share F of the steps (0.3 by default). One run a work folder at a time: a second is refused (train.lock), as it
+would overwrite the first's checkpoint.
 """
 from __future__ import annotations
 
@@ -120,14 +123,35 @@ def batch_indices(classes: torch.Tensor, n: int, g: torch.Generator, balance: bo
     return torch.stack([pool[torch.randint(len(pool), (1,), generator=g)[0]] for pool in pools])
 
 
+def hold_work(work: str):
+    """An exclusive lock on `work`/train.lock until train() returns (or the process exits), or SystemExit."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock
+        return None
+    f = open(os.path.join(work, "train.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise SystemExit(f"another training run is using {work} (pid {f.read().strip() or '?'}): wait for it to stop "
+                         "(a stop by signal saves its checkpoint first), then --resume")
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
-          peak_lr: float | None = None, ema_decay: float | None = None, balance: bool | None = None) -> None:
+          peak_lr: float | None = None, ema_decay: float | None = None, balance: bool | None = None,
+          originals: bool | None = None, mix32: float | None = None) -> None:
     from safetensors.torch import load_file
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     lay = layout(spec["num_classes"], row_end=True)
     data = load_file(os.path.join(work, "data.safetensors"))
     ckpt = os.path.join(work, "checkpoint.pt")
+    lock = hold_work(work)  # one run a folder: a second would overwrite the first's checkpoint
     saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
     model = warm_start(init or (saved and saved["state"].get("init")))  # the architecture the run began with
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -151,11 +175,19 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
             state["ema_decay"] = ema_decay
         if balance is not None:  # classes balanced from here on (or no longer)
             state["balance"] = balance
+        if originals is not None:
+            state["originals"] = originals
+        if mix32 is not None:
+            state["mix32"] = mix32
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
     if saved is None:  # a fresh run (also --resume with no checkpoint yet)
+        log(f"{'--resume: no checkpoint in ' + work + ', so ' if resume else ''}a fresh run from "
+            f"{init or REFERENCE}")
         if ema_decay is not None:
             state["ema_decay"] = ema_decay
         state["balance"] = bool(balance)
+        state["originals"] = bool(originals)
+        state["mix32"] = MIX_32 if mix32 is None else mix32
     # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
     ema = None
     if state.get("ema_decay"):
@@ -207,8 +239,10 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         lr *= min(1.0, (state["step"] - state.get("warm_from", 0) + 1) / WARMUP) * min(1.0, (1 - frac) / (2 / 3))
         for grp in opt.param_groups:
             grp["lr"] = lr
-        side = 32 if torch.rand(1, generator=g).item() < MIX_32 else 48
+        side = 32 if torch.rand(1, generator=g).item() < state.get("mix32", MIX_32) else 48
         X, Y = data[f"train{side}"], data[f"train{side}_classes"]
+        if state.get("originals"):  # the glyphs as rendered, without their shifted copies (build_data puts them first)
+            X, Y = X[:len(X) // (COPIES[side] + 1)], Y[:len(Y) // (COPIES[side] + 1)]
         idx = batch_indices(Y, BATCH, g, state.get("balance", False))
         labels = Y[idx].clone()
         labels[torch.rand(BATCH, generator=g) < CFG_DROP] = spec["num_classes"]  # the null class
@@ -232,6 +266,8 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
             save()
     evaluate(final=True)
     save()
+    if lock is not None:
+        lock.close()
     log("stopped by a signal: --resume continues" if stop["now"] else
         f"done: {state['step']} steps in {state['elapsed'] / 60:.1f} min, best NLL48 {state['best_nll48']:.4f} "
         f"at step {state['best_step']}")
@@ -239,13 +275,15 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
 
 def ship(work: str, out: str, init: str | None = None, weights: str = "best") -> None:
     """A checkpoint as a model folder: fp16 weights and ssd_model.json naming reference's VQ and yardstick.
-    weights: "best" (best.pt, the lowest held-out NLL) or "latest" (checkpoint.pt's moving average, else its weights:
-    for a run whose held-out NLL is not what it is judged by, e.g. with --balance)."""
+    weights: "best" (best.pt, the lowest held-out NLL), "latest" (checkpoint.pt's moving average, else its weights:
+    for a run whose held-out NLL is not what it is judged by, e.g. with --balance) or "trained" (checkpoint.pt's
+    weights themselves: a short fine-tune whose average still holds much of the weights it began from)."""
     model = warm_start(init)
-    if weights == "latest":
+    if weights in ("latest", "trained"):
         saved = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=True)
-        model.load_state_dict(saved["ema"] if saved.get("ema") is not None else saved["model"])
-        log(f"shipping step {saved['state']['step']}")
+        average = saved.get("ema") if weights == "latest" else None
+        model.load_state_dict(average if average is not None else saved["model"])
+        log(f"shipping step {saved['state']['step']}{' (the moving average)' if average is not None else ''}")
     else:
         model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
     os.makedirs(out, exist_ok=True)
@@ -316,15 +354,21 @@ def main(argv=None) -> None:
                          "evaluated and kept as best.pt")
     ap.add_argument("--balance", action=argparse.BooleanOptionalAction, default=None,
                     help="draw each class equally often (default: each grid; with --resume: from now on)")
-    ap.add_argument("--weights", default="best", choices=["best", "latest"],
-                    help="ship: best.pt (lowest held-out NLL) or the checkpoint's latest moving average")
+    ap.add_argument("--originals", action=argparse.BooleanOptionalAction, default=None,
+                    help="train on the glyphs as rendered only, not their shifted copies (default: all; with "
+                         "--resume: from now on)")
+    ap.add_argument("--mix32", type=float, default=None,
+                    help=f"share of steps on 32x32 sequences (default {MIX_32}; with --resume: from now on)")
+    ap.add_argument("--weights", default="best", choices=["best", "latest", "trained"],
+                    help="ship: best.pt (lowest held-out NLL), the checkpoint's latest moving average, or its weights")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     ap.add_argument("--model", default="ssd_core/reference/model48", help="classes: the model folder to check")
     ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work),
-     "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance),
+     "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance,
+                                    a.originals, a.mix32),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

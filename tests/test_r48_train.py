@@ -126,7 +126,7 @@ def test_balance_is_kept_across_a_resume_and_can_be_turned_off(run):
     assert ck["state"]["balance"] is False and ck["state"]["step"] == 4
 
 
-def test_ship_takes_the_best_or_the_latest_average(run, tmp_path):
+def test_ship_takes_the_best_the_latest_average_or_the_trained_weights(run, tmp_path):
     from safetensors.torch import load_file
     work, init = run
     r48.train(str(work), None, False, steps=3, init=init, peak_lr=1e-2, ema_decay=0.5)
@@ -137,9 +137,41 @@ def test_ship_takes_the_best_or_the_latest_average(run, tmp_path):
     name = "model.layers.0.mlp.up_proj.weight"
     latest = torch.load(work / "checkpoint.pt", weights_only=True)["ema"][name]
     best = torch.load(work / "best.pt", weights_only=True)[name]
-    assert not torch.equal(latest, best)
-    for which, want in (("best", best), ("latest", latest)):
+    trained = torch.load(work / "checkpoint.pt", weights_only=True)["model"][name]
+    assert not torch.equal(latest, best) and not torch.equal(trained, latest)
+    for which, want in (("best", best), ("latest", latest), ("trained", trained)):
         out = tmp_path / which
         r48.ship(str(work), str(out), init, weights=which)
         got = load_file(str(out / "model.safetensors"))[name]
         assert got.dtype == torch.float16 and torch.equal(got, want.half())
+
+
+def test_originals_and_mix32_pick_what_is_trained_on(run, monkeypatch):
+    work, init = run
+    monkeypatch.setattr(r48, "COPIES", {48: 2, 32: 2})  # 6 grids a size: 2 glyphs as rendered, then 2 copies each
+    seen = []  # the grids of each training batch (the held-out evaluations run without grad)
+    real = r48.sequences
+    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
+        seen.append(toks.clone()) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    from safetensors.torch import load_file
+    data = load_file(str(work / "data.safetensors"))
+    r48.train(str(work), None, False, steps=12, init=init, originals=True, mix32=0.0)
+    originals = data["train48"][:2].long()
+    assert len(seen) == 12 and all(t.shape[-1] == 48 and any(torch.equal(t[0], o) for o in originals) for t in seen)
+    state = torch.load(work / "checkpoint.pt", weights_only=True)["state"]
+    assert state["originals"] is True and state["mix32"] == 0.0
+    seen.clear()
+    r48.train(str(work), None, True, steps=24, originals=False, mix32=1.0)  # both can change on a resume
+    assert len(seen) == 12 and all(t.shape[-1] == 32 for t in seen)
+    assert any(not any(torch.equal(t[0], o) for o in data["train32"][:2].long()) for t in seen)
+
+
+def test_a_second_run_on_the_same_folder_is_refused(run):
+    work, init = run
+    held = r48.hold_work(str(work))  # as a run in another process holds it
+    with pytest.raises(SystemExit, match=f"another training run is using {work} \\(pid \\d+\\)"):
+        r48.train(str(work), None, True, steps=2, init=init)
+    assert not (work / "checkpoint.pt").exists()
+    held.close()
+    r48.train(str(work), None, True, steps=2, init=init)  # --resume with no checkpoint yet: a fresh run
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["step"] == 2
