@@ -365,10 +365,12 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="ssd_core/reference/model48", help="classes: the model folder to check")
     ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
     a = ap.parse_args(argv)
+    if a.mix32 is not None and not 0 <= a.mix32 <= 1:
+        ap.error(f"--mix32 {a.mix32} is a share of the steps: give a number from 0 to 1")
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work),
-     "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance,
-                                    a.originals, a.mix32),
+     "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance, a.originals,
+                            a.mix32),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

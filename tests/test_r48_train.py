@@ -175,3 +175,10 @@ def test_a_second_run_on_the_same_folder_is_refused(run):
     held.close()
     r48.train(str(work), None, True, steps=2, init=init)  # --resume with no checkpoint yet: a fresh run
     assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["step"] == 2
+
+
+def test_mix32_outside_0_to_1_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        r48.main(["train", "--work", str(tmp_path / "w"), "--mix32", "30"])
+    assert "--mix32 30.0 is a share of the steps: give a number from 0 to 1" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
