@@ -149,9 +149,9 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     lay = layout(spec["num_classes"], row_end=True)
+    lock = hold_work(work)  # one run a folder: a second would overwrite the first's checkpoint
     data = load_file(os.path.join(work, "data.safetensors"))
     ckpt = os.path.join(work, "checkpoint.pt")
-    lock = hold_work(work)  # one run a folder: a second would overwrite the first's checkpoint
     saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
     model = warm_start(init or (saved and saved["state"].get("init")))  # the architecture the run began with
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -159,7 +159,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
-             "init": init, "peak_lr": peak_lr or LR}
+             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32}
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
@@ -171,23 +171,13 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         if peak_lr is not None:  # a new peak for the rest of the run, warmed up to from here
             state["peak_lr"] = peak_lr
             state["warm_from"] = state["step"]
-        if ema_decay is not None:
-            state["ema_decay"] = ema_decay
-        if balance is not None:  # classes balanced from here on (or no longer)
-            state["balance"] = balance
-        if originals is not None:
-            state["originals"] = originals
-        if mix32 is not None:
-            state["mix32"] = mix32
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} of {state['budget_s'] / 60:.0f} min")
-    if saved is None:  # a fresh run (also --resume with no checkpoint yet)
+    else:  # a fresh run (also --resume with no checkpoint yet)
         log(f"{'--resume: no checkpoint in ' + work + ', so ' if resume else ''}a fresh run from "
             f"{init or REFERENCE}")
-        if ema_decay is not None:
-            state["ema_decay"] = ema_decay
-        state["balance"] = bool(balance)
-        state["originals"] = bool(originals)
-        state["mix32"] = MIX_32 if mix32 is None else mix32
+    # options given replace the run's (a resume keeps those not given, from its checkpoint)
+    given = {"ema_decay": ema_decay, "balance": balance, "originals": originals, "mix32": mix32}
+    state.update({k: v for k, v in given.items() if v is not None})
     # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
     ema = None
     if state.get("ema_decay"):
