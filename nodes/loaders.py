@@ -121,7 +121,8 @@ def _resolved(resolve, what, name):
 def with_check(err, path):
     """A failed load's error with what check-model finds blocking in the folder, on the same line (the error
     itself when the check finds nothing more, or cannot run)."""
-    from ..ssd_core.check_model import check_folder, key_findings
+    from ..ssd_core.check_model import check_folder
+    from ..ssd_core.check_report import key_findings
 
     try:
         found = key_findings(check_folder(path))

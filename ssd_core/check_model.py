@@ -7,9 +7,10 @@ and which are missing; the tensors of the files against the state_dict of the co
 unexpected, of another shape; a config.json that declares fewer layers than the weights is refused, not run
 truncated); the tokenizer; the family's extra files (Lumina's vqgan.safetensors, Lumina-mGPT 2.0's
 movqgan.safetensors, Emu3.5's ibq.safetensors, a llama-grid's ssd_model.json and VQ decoder); generation_config.json where the family reads one; and the memory of the weights in bf16 / fp16 /
-fp32 / 8-bit / 4-bit beside this machine's free RAM (and each CUDA GPU's free memory).
+fp32 / 8-bit / 4-bit beside this machine's free RAM (and each CUDA GPU's free memory). check_report.py puts the
+report on one screen.
 
-    report = check_folder(folder); print(format_report(report)); report.loadable
+    report = check_folder(folder); print(check_report.format_report(report)); report.loadable
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import os
 import re
 import struct
 import sys
-import textwrap
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -26,13 +26,12 @@ from pathlib import Path
 
 from . import model_files
 from .errors import SSDError, a_or_an, shown
-from .memory import KEEP_FULL, RESERVE_BYTES
+from .memory import free_memory, weights_bytes
 
 LEVELS = ("ok", "missing", "error")
 BUILT_IN = ("llama-grid", "janus", "emu3", "lumina", "lumina2", "emu3.5", "emu3.5-flashar")  # the families whose files this check knows
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 GIB = 2**30
-WIDTH = 118  # the report's lines: one screen of a wide terminal
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # what AutoTokenizer builds a tokenizer from
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "depth")  # config keys that count a layer stack
 LAYERS = re.compile(r"^((?:.*?\.)?layers)\.(\d+)\.")  # "model.layers.12.mlp..." -> ("model.layers", "12")
@@ -170,7 +169,7 @@ def _weights(folder: Path, config: dict, report: Report) -> tuple[dict, set] | N
         report.add("error", "weights", str(err))
     else:
         dtypes = sorted({d for d, _ in tensors.values()})
-        size = _size(sum(p.stat().st_size for p in files))
+        size = size_text(sum(p.stat().st_size for p in files))
         what = files[0].name if len(files) == 1 else f"{len(files)} shards"
         report.add("ok", "weights", f"{what}: {len(tensors):,} tensors, {size} in {'/'.join(dtypes)}")
     return tensors, unseen
@@ -499,45 +498,6 @@ def _generation_config(folder: Path, family: str, report: Report) -> None:
 
 
 # ---- memory -------------------------------------------------------------------------------------------------
-def weights_bytes(model, quantization: str, family: str) -> int:
-    """Bytes of a model's weights at `quantization` ('bf16' / 'fp16' / 'fp32' / '8-bit' / '4-bit'; the modules a
-    quantization keeps in full precision at bf16): int8 plus a float32 scale per row (8-bit); NF4 plus
-    double-quantized absmax per 64-block (4-bit). tools/memory_table.py's table uses it too."""
-    import torch
-
-    if quantization in ("bf16", "fp16", "fp32"):
-        return (4 if quantization == "fp32" else 2) * sum(p.numel() for p in model.parameters())
-    skip = KEEP_FULL.get(family, ["lm_head"])
-    total, quantized = 0, set()
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skip):
-            n = mod.weight.numel()
-            total += n + 4 * mod.out_features if quantization == "8-bit" else n // 2 + n // 64 + 4 * (n // 16384)
-            quantized.add(id(mod.weight))
-    return total + sum(2 * p.numel() for p in model.parameters() if id(p) not in quantized)
-
-
-def free_memory() -> dict:
-    """{"RAM": bytes available, "cuda:N": free bytes of each CUDA GPU} on this machine."""
-    import torch
-
-    out = {}
-    try:
-        with open("/proc/meminfo") as f:
-            out["RAM"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        try:
-            import psutil
-
-            out["RAM"] = int(psutil.virtual_memory().available)
-        except ImportError:
-            pass
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            out[f"cuda:{i}"] = int(torch.cuda.mem_get_info(i)[0])
-    return out
-
-
 def _memory(model, family: str, report: Report) -> None:
     report.params = sum(p.numel() for p in model.parameters())
     report.memory = {q: weights_bytes(model, q, family) for q in ("bf16", "fp16", "fp32", "8-bit", "4-bit")}
@@ -608,77 +568,11 @@ def _import_model_code(cls) -> float:
     return time.perf_counter() - start
 
 
-def _done(report: Report, start: float) -> Report:
-    report.seconds = time.perf_counter() - start
-    return report
-
-
-# ---- one screen ---------------------------------------------------------------------------------------------
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes as the report says them: '13.8 GiB', '3.4 MB', '12 KB'."""
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
 
 
-def _held_line(files: list) -> str:
-    """'config.json, model-*-of-00003.safetensors (3 files, 13.8 GiB), tokenizer.json'."""
-    shards: dict = {}
-    names = []
-    for name, size in files:
-        m = re.fullmatch(r"(.*)-\d+-of-(\d+)(\.safetensors)", name)
-        key = f"{m.group(1)}-*-of-{m.group(2)}{m.group(3)}" if m else name
-        if key not in shards:
-            names.append(key)
-        n, total = shards.get(key, (0, 0))
-        shards[key] = (n + 1, total + size)
-    out = []
-    for key in names:
-        n, size = shards[key]
-        big = _size(size) if size >= 2**20 else ""  # the sizes worth knowing: weights, VQ files
-        out.append(key + (f" ({n} files{', ' + big if big else ''})" if n > 1 else f" ({big})" if big else ""))
-    return ", ".join(out)
-
-
-def _memory_lines(report: Report) -> list:
-    from importlib.util import find_spec
-
-    devices = list(report.free)
-    count = f"{report.params / 1e9:.2f} B" if report.params >= 1e8 else f"{report.params / 1e6:.1f} M"
-    head = f"memory of the weights ({count} parameters); free here: " + ", ".join(
-        f"{d} {report.free[d] / GIB:.1f} GiB" for d in devices)
-    lines = [head]
-    bnb = find_spec("bitsandbytes") is not None
-    for q, size in report.memory.items():
-        fits = []
-        for d in devices:
-            need = size + (RESERVE_BYTES if d.startswith("cuda") else 0)
-            fits.append(f"{d} {'fits' if need <= report.free[d] else 'too big'}")
-        extra = "" if bnb or q in ("bf16", "fp16", "fp32") else "  (needs pip install bitsandbytes)"
-        lines.append(f"  {q:<6} {_size(size):>10}   {', '.join(fits)}{extra}")
-    if any(d.startswith("cuda") for d in devices):
-        lines.append(f"  (a GPU fits when it has the weights and {RESERVE_BYTES // GIB} GiB for the cache free; "
-                     "8-bit / 4-bit keep the image head and VQ in bf16)")
-    return lines
-
-
-def format_report(report: Report, memory: bool = True) -> str:
-    """The report on one screen (under 30 lines)."""
-    fam = f"{report.family} ({report.family_from})" if report.family else "unknown"
-    lines = [f"check-model {report.folder}", f"family: {fam}"]
-    lines += textwrap.wrap(f"holds: {_held_line(report.files) or 'nothing'}", WIDTH, subsequent_indent=" " * 7)
-    for f in report.findings:
-        lines += textwrap.wrap(f"  {f.level:<8}{f.topic}: {f.line}", WIDTH, subsequent_indent=" " * 10,
-                               break_on_hyphens=False)
-    if memory and report.memory:
-        lines += _memory_lines(report)
-    verdict = "loadable" if report.loadable else \
-        f"NOT loadable: {len(report.blocking())} finding(s) above block loading"
-    imported = f"; {report.import_seconds:.1f} s importing transformers' model code" \
-        if report.import_seconds >= 0.1 else ""
-    lines.append(f"{verdict} (checked in {report.seconds:.2f} s{imported})")
-    return "\n".join(lines)
-
-
-def key_findings(report: Report) -> str:
-    """The blocking findings on one line (the loader node's error)."""
-    fam = f"family {report.family}" if report.family else "no family known"
-    found = "; ".join(f"{f.topic}: {f.line}" for f in report.blocking()[:4])
-    return f"check-model ({fam}): {found}" if found else ""
+def _done(report: Report, start: float) -> Report:
+    report.seconds = time.perf_counter() - start
+    return report

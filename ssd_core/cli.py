@@ -239,7 +239,8 @@ def _convert_decoder(convert, dst) -> int:
 
 def cmd_check_model(args) -> int:
     """The folder's report on stdout (JSON with --json); exit 2 with one error line when a finding blocks loading."""
-    from .check_model import check_folder, format_report, key_findings
+    from .check_model import check_folder
+    from .check_report import format_report, key_findings
 
     report = check_folder(args.folder)
     print(json.dumps(report.to_dict(), indent=1) if args.json else format_report(report))

@@ -127,3 +127,38 @@ def out_of_memory(stage: str) -> SSDError:
     """The error for a CUDA out-of-memory while `stage` ('loading the model', 'sampling'): what to try."""
     return SSDError(f"out of GPU memory while {stage}: try quantization 4-bit (or 8-bit), offload auto, a smaller "
                     f"grid, a smaller model (Janus-Pro-1B), or free VRAM first (Unload models)")
+
+
+def weights_bytes(model, quantization: str, family: str) -> int:
+    """Bytes of a model's weights at `quantization` ('bf16' / 'fp16' / 'fp32' / '8-bit' / '4-bit'; the modules a
+    quantization keeps in full precision at bf16): int8 plus a float32 scale per row (8-bit); NF4 plus
+    double-quantized absmax per 64-block (4-bit). check-model's report and tools/memory_table.py's table."""
+    if quantization in ("bf16", "fp16", "fp32"):
+        return (4 if quantization == "fp32" else 2) * sum(p.numel() for p in model.parameters())
+    skip = KEEP_FULL.get(family, ["lm_head"])
+    total, quantized = 0, set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skip):
+            n = mod.weight.numel()
+            total += n + 4 * mod.out_features if quantization == "8-bit" else n // 2 + n // 64 + 4 * (n // 16384)
+            quantized.add(id(mod.weight))
+    return total + sum(2 * p.numel() for p in model.parameters() if id(p) not in quantized)
+
+
+def free_memory() -> dict:
+    """{"RAM": bytes available, "cuda:N": free bytes of each CUDA GPU} on this machine."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            out["RAM"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            import psutil
+
+            out["RAM"] = int(psutil.virtual_memory().available)
+        except ImportError:
+            pass
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            out[f"cuda:{i}"] = int(torch.cuda.mem_get_info(i)[0])
+    return out

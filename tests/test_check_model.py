@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import ssd_core
 from ssd_core.api import BUNDLED_MODELS
-from ssd_core.check_model import check_folder, format_report, key_findings, read_header
+from ssd_core.check_model import check_folder, read_header
+from ssd_core.check_report import format_report, key_findings
 from ssd_core.cli import main
 from tiny_families import HEADS, HIDDEN, LAYERS, build_emu3, build_janus, build_lumina
 

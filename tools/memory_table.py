@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ssd_core import check_model
+from ssd_core import memory
 from ssd_core.memory import QUANTIZATIONS
 from tools.random_models import _model_class, random_config
 
 
 def weights_bytes(model: torch.nn.Module, quantization: str, family: str) -> int:
-    """Bytes of a model's weights at `quantization` ('none' = bf16): check_model.weights_bytes, the one formula."""
-    return check_model.weights_bytes(model, "bf16" if quantization == "none" else quantization, family)
+    """Bytes of a model's weights at `quantization` ('none' = bf16): memory.weights_bytes, the one formula."""
+    return memory.weights_bytes(model, "bf16" if quantization == "none" else quantization, family)
 
 
 # the released models: (family, SHAPES name); their vision / VQ parts at transformers' default (released) sizes
