@@ -9,7 +9,7 @@ import pytest
 import ssd_core
 from ssd_core import bench, cli
 from ssd_core.bench import BenchOptions, run_bench
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 
 BENCH = ["bench", "--model", "reference", "--grid", "4x4", "--images", "1"]
 MAX_SEED = 2**64 - 1  # sampling.check_seed's largest

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 import ssd_core
 from ssd_core import cli
 from ssd_core.training import TrainConfig, train_heads
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 from tiny import make_heads, make_llama_grid
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from conftest import load_pack, pack_module, run
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 
 nodes = load_pack()
 core = pack_module("ssd_core")

@@ -17,7 +17,7 @@ from ssd_core import cli, outputs
 from ssd_core.hub import hub_file
 from ssd_core.trace import Trace
 from ssd_core.training import TrainConfig, train_heads
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 
 SSDError = ssd_core.SSDError
 LONG = "n" * 300  # one name of 300 bytes: ENAMETOOLONG on every common file system

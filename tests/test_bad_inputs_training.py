@@ -20,7 +20,7 @@ from ssd_core.training import features as feature_files
 from ssd_core.training import loop
 from ssd_core.training.shards import Shards
 from conftest import rewrite_safetensors
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 from tiny import make_llama_grid
 
 SSDError = ssd_core.SSDError

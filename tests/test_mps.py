@@ -8,7 +8,7 @@ import torch
 import ssd_core
 from ssd_core import api, cli
 from ssd_core.errors import SSDError, missing_mps_op
-from test_bad_inputs import one_line
+from bad_inputs import one_line
 
 # the message torch raises (NotImplementedError) for an op without an mps kernel, fallback off
 TORCH_TEXT = ("The operator 'aten::{op}' is not currently implemented for the MPS device. If you want this op to be "
