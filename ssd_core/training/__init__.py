@@ -15,8 +15,9 @@ docs/heads.md says how to train heads for a real model on one GPU or eight.
 from .config import MAX_COUNT, MAX_GRIDS, MAX_WIDTH, TrainConfig
 from .data import (base_quantization, check_features_file, collect_features, generate_grids, model_identity,
                    read_grids, stale_features)
-from .loop import acceptance_lines, agreement, head_losses, one_cycle, start_heads, state_path, train_heads
+from .loop import acceptance_lines, agreement, head_losses, one_cycle, start_heads, train_heads
 from .prompts import default_prompts, prompt_order, read_prompts
+from .state import state_path
 
 __all__ = ["MAX_COUNT", "MAX_GRIDS", "MAX_WIDTH", "TrainConfig", "acceptance_lines", "agreement", "base_quantization",
            "check_features_file", "collect_features", "default_prompts", "generate_grids", "head_losses",

@@ -12,7 +12,7 @@ A run is a pure function of its settings and data: the heads start from the seed
 the grids in an order drawn from (seed, e), the learning rate and Adam's beta1 follow the step number, and a
 stale-input batch draws its changed tokens from (seed, step). So the state saved every `checkpoint_every`
 steps and at SIGTERM / SIGINT (heads, Adam's moments, the step) is all a resumed run needs to end with the
-same heads as a run never stopped.
+same heads as a run never stopped (the state's file: state.py).
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import torch
 from torch.nn import functional as F
 
 from ..acceptance import guided_logp, heads_acceptance, horizontal_chain, vertical_drafts
-from ..errors import SSDError, shown
+from ..errors import SSDError
 from ..heads import DraftHeads
-from ..outputs import WRITTEN, check_output, write_or_keep
+from ..outputs import check_output, write_or_keep
 from ..sampling import SamplerSettings, guide, seeded_generator, settings_from
 from ..session import Layout
 from . import data, dist
@@ -37,12 +37,8 @@ from . import features as feature_sources
 from .config import TrainConfig
 from .prompts import prompt_order, prompt_source
 from .shards import Shards, default_folder
+from .state import check_state, load_state, save_state, state_path, state_tensors
 
-STATE_FORMAT = "ssd-train-state"
-START_AGAIN = "run without --resume to start again"
-MAX_IDENTITY_CHARS = 1 << 20  # the run's identity in a state's metadata (settings, model, data: about 2 KB)
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # safetensors' names of the tensors a run state holds
-ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # AdamW's state of one parameter
 DIV_FACTOR, FINAL_DIV, PCT_START, BETA1_HIGH, BETA1_LOW = 25.0, 1e4, 0.1, 0.95, 0.85  # torch's OneCycleLR defaults
 
 
@@ -148,7 +144,7 @@ def _prepare(model, out_path, cfg, settings, grids, grid_prompts, features, prom
                                            "model": data.model_identity(model)}, run_steps(n_train, cfg))
         with torch.random.fork_rng(devices=[]):  # heads of this run's shapes, to check the saved ones against
             template = start_heads(model, cfg)
-        _state_tensors(state_path(out_path), template, _optimiser(template, cfg))
+        state_tensors(state_path(out_path), template, _optimiser(template, cfg))
     if features is not None:
         n = (0 if grids is None else len(grids)) + cfg.samples
         feature_sources.check_room(features, n, 2 if settings.guided else 1, layout.num_slots, model.hidden_size)
@@ -433,124 +429,6 @@ def clock_lr(frac: float, lr: float) -> float:
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=seeded_generator(seed * 1_000_003 + epoch))
-
-
-def state_path(out_path) -> Path:
-    """The resumable state beside the heads file: heads.safetensors -> heads.state.safetensors."""
-    out = Path(out_path)
-    return out.with_name(out.stem + ".state.safetensors")
-
-
-def save_state(path: Path, heads: DraftHeads, opt, step: int, identity: dict, log=print) -> None:
-    """Heads, Adam's moments and the step (the data position and the schedule follow from it)."""
-    from safetensors.torch import save_file
-
-    tensors = {"heads." + k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}
-    for i, st in opt.state_dict()["state"].items():
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                tensors[f"opt.{i}.{k}"] = v.detach().cpu().contiguous().reshape(v.shape)
-    meta = {"format": STATE_FORMAT, "step": str(step), "identity": json.dumps(identity)}
-    while str(path) in WRITTEN:  # rewritten every checkpoint: named once, as the last file written
-        WRITTEN.remove(str(path))
-    try:
-        write_or_keep(path, lambda p: save_file(tensors, str(p), metadata=meta), "--out (run state)")
-    except SSDError as err:
-        log(f"warning: {err}")
-
-
-def _read_state(path: Path) -> dict:
-    """The saved run's metadata: its step (a whole number >= 0) and identity (a JSON object of objects), each
-    checked; else one SSDError line."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-    except Exception as err:
-        raise SSDError(f"--resume: {path} is not a readable run state ({' '.join(str(err).split())[:60]}): run "
-                       "without --resume to start again") from None
-    if meta.get("format") != STATE_FORMAT:
-        raise SSDError(f"--resume: {path} is not a train-heads run state: run without --resume to start again")
-    what, fix = f"--resume: {path}", f"the file is damaged: {START_AGAIN}"
-    step = data.meta_number(meta, "step", what, fix)
-    text = str(meta.get("identity", "null"))
-    identity = data.json_of_kind(data.parse_json(text, f"{what}: its identity", fix, MAX_IDENTITY_CHARS), dict,
-                                 f"{what}: its identity", fix)
-    for part, value in identity.items():
-        data.json_of_kind(value, dict, f"{what}: its identity's {shown(part, 30)}", fix)
-    return {"step": step, "identity": identity}
-
-
-def check_state(path: Path, identity: dict, total: int | None = None) -> dict:
-    """The saved run's metadata (step, identity), when it was saved by this run (the parts of `identity` given)
-    at a step within its `total` steps; else one SSDError naming what differs."""
-    meta = _read_state(path)
-    stored = meta["identity"]
-    diff = []
-    for part in identity:
-        keys = data.IDENTITY_CHECKED if part == "model" else None
-        diff += [f"{part} {d}" for d in data.differences(stored.get(part, {}), identity[part], keys)]
-    if diff:
-        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
-        raise SSDError(f"--resume: {path} was saved by another run: {'; '.join(diff[:3])}{more}; run with the "
-                       "settings it was saved with, or without --resume to start again")
-    if total is not None and meta["step"] > total:
-        raise SSDError(f"--resume: {path} says step {meta['step']:,}, past the {total} steps of this run: the file "
-                       f"is damaged; {START_AGAIN}")
-    return meta
-
-
-def _state_tensors(path: Path, heads: DraftHeads, opt) -> dict:
-    """The saved heads and Adam moments, each checked against this run's heads before it is read (its name,
-    float dtype and shape), then read and checked finite (second moments >= 0); else one SSDError line."""
-    from safetensors import safe_open
-
-    params = opt.param_groups[0]["params"]
-    want = {"heads." + k: tuple(v.shape) for k, v in heads.state_dict().items()}
-    want.update({f"opt.{i}.{name}": () if name == "step" else tuple(p.shape) for i, p in enumerate(params)
-                 for name in ADAM_STATE})
-    what, fix = f"--resume: {path}", f"the file is damaged or was saved for other heads: {START_AGAIN}"
-    out = {}
-    with safe_open(str(path), "pt") as f:
-        keys = set(f.keys())
-        missing = sorted(k for k in want if k.startswith("heads.") and k not in keys)
-        unknown = sorted(keys - set(want))
-        if missing or unknown:
-            name = missing[0] if missing else unknown[0]
-            raise SSDError(f"{what} {'lacks' if missing else 'holds an unknown tensor'} {shown(name, 50)} "
-                           f"({len(missing)} missing, {len(unknown)} unknown); {fix}")
-        for key in sorted(keys):
-            part = f.get_slice(key)
-            shape = tuple(part.get_shape())
-            if part.get_dtype() not in FLOAT_DTYPES or shape != want[key]:
-                raise SSDError(f"{what}: {key} is {part.get_dtype()} {list(shape)}, not a float tensor "
-                               f"{list(want[key])}; {fix}")
-            out[key] = f.get_tensor(key)
-    for i in range(len(params)):
-        have = [name for name in ADAM_STATE if f"opt.{i}.{name}" in out]
-        if have and len(have) < len(ADAM_STATE):
-            raise SSDError(f"{what}: Adam's state of parameter {i} has {', '.join(have)} only, not "
-                           f"{', '.join(ADAM_STATE)}; {fix}")
-    for key, value in out.items():
-        if not bool(torch.isfinite(value).all()) or (key.endswith(("exp_avg_sq", ".step")) and bool((value < 0).any())):
-            raise SSDError(f"{what}: {key} holds NaN, infinite or negative values; {fix}")
-    return out
-
-
-def load_state(path: Path, heads: DraftHeads, opt, identity: dict, total: int | None = None) -> int:
-    """Restore a saved run into heads and opt; returns its step. A state of another run, or one whose step,
-    names, shapes or values do not fit this run, is refused by name before anything is loaded."""
-    meta = check_state(path, identity, total)
-    tensors = _state_tensors(path, heads, opt)
-    heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")})
-    state = opt.state_dict()
-    for key, v in tensors.items():
-        if key.startswith("opt."):
-            _, i, name = key.split(".", 2)
-            state["state"].setdefault(int(i), {})[name] = v
-    opt.load_state_dict(state)
-    return meta["step"]
 
 
 class Stop:
