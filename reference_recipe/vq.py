@@ -81,7 +81,7 @@ def eval_vq(model: VQModel, images: np.ndarray, batch: int = 64) -> dict:
             "codes_used": int(torch.unique(codes).numel()), "codebook_size": model.config["codebook_size"]}
 
 
-
+@torch.no_grad()
 def vq_roundtrip(vq: VQModel, images: np.ndarray, batch: int = 128) -> np.ndarray:
     """uint8 images -> their VQ reconstructions (what a perfect AR model would draw), uint8."""
     out = []

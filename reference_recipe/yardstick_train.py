@@ -18,7 +18,6 @@ from .vq import vq_roundtrip
 YARDSTICK_STEPS = 500
 
 
-@torch.no_grad()
 def train_yardstick(ds: dict, vq: VQModel, out_path: str, data_version: int, steps: int = YARDSTICK_STEPS,
                     batch: int = 32, lr: float = 2e-3, seed: int = SEED, ref_copies: int = 8,
                     recs: np.ndarray | None = None) -> dict:

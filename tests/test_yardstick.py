@@ -114,3 +114,30 @@ def test_bench_reports_class_accuracy_and_fd(tmp_path):
         assert 0.0 <= row["class_acc"] <= 1.0 and row["fd"] >= 0.0
     rows = {r["decoder"]: r for r in report["rows"]}
     assert rows["ssd-exact"]["class_acc"] == rows["ar"]["class_acc"] and rows["ssd-exact"]["fd"] == rows["ar"]["fd"]
+
+
+def test_the_recipe_stage_trains_a_yardstick_that_tells_classes_apart(tmp_path):
+    """Recipe stage 5 (reference_recipe.yardstick_train) learns: red squares against blue ones, 40 steps, and the
+    file it writes loads and calls its held-out images right. (A no_grad decorator once sat on it by mistake, and
+    the stage stopped at its first backward.)"""
+    import numpy as np
+
+    from ssd_core.pixel_decoders.reference_vq import load_vq
+    from reference_recipe.yardstick_train import train_yardstick
+
+    rng = np.random.default_rng(0)
+    images, labels = [], []
+    for i in range(24):
+        img = np.full((96, 96, 3), 255, np.uint8)
+        side, y, x = rng.integers(40, 70), rng.integers(0, 20), rng.integers(0, 20)
+        img[y:y + side, x:x + side] = (220, 30, 30) if i % 2 == 0 else (30, 60, 220)
+        images.append(img)
+        labels.append(i % 2)
+    ds = {"images": np.stack(images), "labels": np.array(labels, np.int64), "class_names": ["red", "blue"],
+          "heldout": np.arange(24) >= 20}
+    out = tmp_path / "yardstick.safetensors"
+    meta = train_yardstick(ds, load_vq(str(MODEL / "vq.safetensors")), str(out), data_version=2, steps=40, batch=8,
+                           ref_copies=1)
+    assert meta["steps"] == 40 and meta["real_acc"] == 1.0 and meta["real_acc_vq"] == 1.0, meta
+    trained = load_yardstick(out)
+    assert trained.classify(ds["images"][ds["heldout"]]).tolist() == [0, 1, 0, 1]
