@@ -44,6 +44,15 @@ def make_base(root: Path) -> dict:
             "heads": ssd_core.load_heads(heads_path, model)}
 
 
+def spec_edit(**changes):
+    """An edit of a model folder (folder, root) that writes `changes` into its ssd_model.json."""
+    def edit(folder, root):
+        spec = json.loads((folder / "ssd_model.json").read_text())
+        spec.update(changes)
+        (folder / "ssd_model.json").write_text(json.dumps(spec))
+    return edit
+
+
 def works(model, heads=None, decoder="ar", **kw):
     """The model still makes an image after an error."""
     args = dict(prompt=1, decoder=decoder, seed=0, grid=(2, 2), decode_pixels=False)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ssd_core
 from ssd_core.families.llama_grid import LlamaGridModel, read_spec
 from ssd_core.pixel_decoders import reference_vq
-from bad_inputs import TINY_VQ, make_base, one_line, save_tiny_vq, works
+from bad_inputs import TINY_VQ, make_base, one_line, save_tiny_vq, spec_edit, works
 from conftest import rewrite_safetensors
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -30,14 +30,6 @@ def base(tmp_path_factory):
 
 
 # ---- model folders ------------------------------------------------------------------------------------------
-def _spec(**changes):
-    def edit(folder, root):
-        spec = json.loads((folder / "ssd_model.json").read_text())
-        spec.update(changes)
-        (folder / "ssd_model.json").write_text(json.dumps(spec))
-    return edit
-
-
 def _write(name, data):
     def edit(folder, root):
         (folder / name).write_bytes(data) if isinstance(data, bytes) else (folder / name).write_text(data)
@@ -150,31 +142,32 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("ssd_model.json not JSON", _write("ssd_model.json", "[1,"), ["is not valid JSON", "docs/models-and-memory.md"]),
     ("ssd_model.json a list", _write("ssd_model.json", "[1, 2]"), ["JSON list, not an object", "docs/models-and-memory.md"]),
     ("missing key", _write("ssd_model.json", json.dumps({"family": "llama-grid"})), ["lacks the keys", "docs/models-and-memory.md"]),
-    ("grid of strings", _spec(grid=["a", "b"]), ["grid must be [rows, columns]", "'a'"]),
-    ("grid of one number", _spec(grid=[3]), ["grid must be [rows, columns]"]),
-    ("grids not a list", _spec(grids="4x4"), ["grids must be a list"]),
-    ("negative image_token_start", _spec(image_token_start=-5), ["image_token_start must be a whole number >= 0", "-5"]),
-    ("image_vocab_size 0", _spec(image_vocab_size=0), ["image_vocab_size must be a whole number >= 1"]),
-    ("num_classes a bool", _spec(num_classes=True), ["num_classes must be a whole number"]),
-    ("image range past the vocabulary", _spec(image_vocab_size=400),
+    ("grid of strings", spec_edit(grid=["a", "b"]), ["grid must be [rows, columns]", "'a'"]),
+    ("grid of one number", spec_edit(grid=[3]), ["grid must be [rows, columns]"]),
+    ("grids not a list", spec_edit(grids="4x4"), ["grids must be a list"]),
+    ("negative image_token_start", spec_edit(image_token_start=-5),
+     ["image_token_start must be a whole number >= 0", "-5"]),
+    ("image_vocab_size 0", spec_edit(image_vocab_size=0), ["image_vocab_size must be a whole number >= 1"]),
+    ("num_classes a bool", spec_edit(num_classes=True), ["num_classes must be a whole number"]),
+    ("image range past the vocabulary", spec_edit(image_vocab_size=400),
      ["image_token_start + image_vocab_size reaches token id 399", "vocabulary has only 20"]),
-    ("row_end_token past the vocabulary", _spec(row_end_token=10 ** 6), ["row_end_token reaches token id 1000000"]),
-    ("class tokens past the vocabulary", _spec(num_classes=50, class_names=[]),
+    ("row_end_token past the vocabulary", spec_edit(row_end_token=10 ** 6), ["row_end_token reaches token id 1000000"]),
+    ("class tokens past the vocabulary", spec_edit(num_classes=50, class_names=[]),
      ["class_token_start + num_classes reaches token id", "fix class_token_start"]),
-    ("null class past the vocabulary", _spec(null_class_token=20), ["null_class_token reaches token id 20"]),
-    ("class_names too short", _spec(class_names=["a"]), ["class_names must be a list of num_classes (3)"]),
-    ("bad default grid", _spec(grid=[9, 9]), ["9x9", "needs 83 positions", "smaller grid in ssd_model.json"]),
-    ("bad extra grid", _spec(grids=[[3, 3], [20, 20]]), ["20x20", "smaller grid in ssd_model.json"]),
-    ("bad default cfg", _spec(default_cfg=-3), ["default_* sampler value", "cfg must be"]),
-    ("default top_p a string", _spec(default_top_p="high"), ["default_*", "top_p"]),
-    ("default min_p of 1", _spec(default_min_p=1.0), ["default_* sampler value", "min_p must be in [0, 1)"]),
-    ("family of another kind", _spec(family="janus-ish"), ["unknown model family"]),
-    ("vq_decoder outside the folder", _spec(vq_decoder="../outside/vq.safetensors"),
+    ("null class past the vocabulary", spec_edit(null_class_token=20), ["null_class_token reaches token id 20"]),
+    ("class_names too short", spec_edit(class_names=["a"]), ["class_names must be a list of num_classes (3)"]),
+    ("bad default grid", spec_edit(grid=[9, 9]), ["9x9", "needs 83 positions", "smaller grid in ssd_model.json"]),
+    ("bad extra grid", spec_edit(grids=[[3, 3], [20, 20]]), ["20x20", "smaller grid in ssd_model.json"]),
+    ("bad default cfg", spec_edit(default_cfg=-3), ["default_* sampler value", "cfg must be"]),
+    ("default top_p a string", spec_edit(default_top_p="high"), ["default_*", "top_p"]),
+    ("default min_p of 1", spec_edit(default_min_p=1.0), ["default_* sampler value", "min_p must be in [0, 1)"]),
+    ("family of another kind", spec_edit(family="janus-ish"), ["unknown model family"]),
+    ("vq_decoder outside the folder", spec_edit(vq_decoder="../outside/vq.safetensors"),
      ["lies outside the model folder", "relative to it"]),
-    ("vq_decoder /etc/passwd", _spec(vq_decoder="/etc/passwd"), ["'/etc/passwd' lies outside the model folder"]),
+    ("vq_decoder /etc/passwd", spec_edit(vq_decoder="/etc/passwd"), ["'/etc/passwd' lies outside the model folder"]),
     ("vq_decoder symlink escaping", _symlink_out, ["'vq.safetensors' lies outside the model folder"]),
-    ("vq_decoder missing", _spec(vq_decoder="gone.safetensors"), ["is not a file in the model folder", "null"]),
-    ("vq_decoder a number", _spec(vq_decoder=7), ["vq_decoder must be a file name"]),
+    ("vq_decoder missing", spec_edit(vq_decoder="gone.safetensors"), ["is not a file in the model folder", "null"]),
+    ("vq_decoder a number", spec_edit(vq_decoder=7), ["vq_decoder must be a file name"]),
     ("vq_decoder garbage", _write("vq.safetensors", b"not a safetensors file at all"),
      ["not a readable reference VQ file", "re-download"]),
     ("vq_decoder of the wrong size", _small_vq, ["has 8 codes", "image_vocab_size is 16"]),
@@ -198,9 +191,9 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("config.json a link out", _link_out("config.json"), ["'config.json' lies outside the model folder"]),
     ("ssd_model.json a link out", _link_out("ssd_model.json"), ["'ssd_model.json' lies outside the model folder"]),
     # names that are not names, nesting, NUL
-    ("family a list", _spec(family=["llama-grid"]), ["family must be a name", "['llama-grid']"]),
-    ("family a dict", _spec(family={"name": "llama-grid"}), ["family must be a name", "{'name': 'llama-grid'}"]),
-    ("family with control characters", _spec(family="llama\u202egrid\n\x1b[31m"),
+    ("family a list", spec_edit(family=["llama-grid"]), ["family must be a name", "['llama-grid']"]),
+    ("family a dict", spec_edit(family={"name": "llama-grid"}), ["family must be a name", "{'name': 'llama-grid'}"]),
+    ("family with control characters", spec_edit(family="llama\u202egrid\n\x1b[31m"),
      ["unknown model family", "\\u202e", "\\n", "\\x1b[31m"]),
     ("config model_type a list", lambda f, r: (_delete("ssd_model.json")(f, r), _config(model_type=["llama"])(f, r)),
      ["model_type must be a name", "['llama']"]),
@@ -217,10 +210,10 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("config.json nested 100 deep", _nested("config.json", "rope_scaling", 100), ["nests JSON more than 32 levels"]),
     ("config.json a number of 5000 digits", _write("config.json", '{"vocab_size": ' + "9" * 5000 + "}"),
      ["config.json is not valid JSON"]),
-    ("vq_decoder with a NUL", _spec(vq_decoder="vq.safetensors\x00.png"),
+    ("vq_decoder with a NUL", spec_edit(vq_decoder="vq.safetensors\x00.png"),
      ["vq_decoder 'vq.safetensors\\x00.png' is not a usable file name", "control character"]),
-    ("vq_decoder with a newline", _spec(vq_decoder="vq\n.safetensors"), ["is not a usable file name"]),
-    ("vq_decoder of 5000 characters", _spec(vq_decoder="v" * 5000), ["cannot be resolved", "characters)"]),
+    ("vq_decoder with a newline", spec_edit(vq_decoder="vq\n.safetensors"), ["is not a usable file name"]),
+    ("vq_decoder of 5000 characters", spec_edit(vq_decoder="v" * 5000), ["cannot be resolved", "characters)"]),
     # weights accepted silently before
     ("lm_head.weight missing", _tensors(drop=["lm_head.weight"]), ["lack lm_head.weight", "random values"]),
     ("two tensors missing", _tensors(drop=["lm_head.weight", "model.norm.weight"]),
@@ -236,9 +229,9 @@ FOLDER_CASES = [  # (case, edit of a good folder, words the message must hold)
     ("positions 2^40", _config(max_position_embeddings=2 ** 40), ["max_position_embeddings is 1099511627776"]),
     ("layers a string", _config(num_hidden_layers="32"), ["num_hidden_layers is '32'", "whole numbers"]),
     ("layers negative", _config(num_hidden_layers=-1), ["num_hidden_layers is -1"]),
-    ("num_classes 10^9, no names", _spec(num_classes=10 ** 9, class_names=[]),
+    ("num_classes 10^9, no names", spec_edit(num_classes=10 ** 9, class_names=[]),
      ["class_token_start + num_classes reaches token id 1000000015"]),
-    ("grid 10^9", _spec(grid=[10 ** 9, 10 ** 9]), ["1000000000x1000000000", "smaller grid"]),
+    ("grid 10^9", spec_edit(grid=[10 ** 9, 10 ** 9]), ["1000000000x1000000000", "smaller grid"]),
 ]
 
 
@@ -325,7 +318,7 @@ def test_sharded_folder_loads_and_reads_only_its_own_files(base, tmp_path, read_
 def test_good_folder_variants_load(base, tmp_path):
     """The same folder with class_names [] and no vq_decoder loads; its classes are named by index."""
     folder = shutil.copytree(base["folder"], tmp_path / "model")
-    _spec(class_names=[], vq_decoder=None)(folder, base["root"])
+    spec_edit(class_names=[], vq_decoder=None)(folder, base["root"])
     model = ssd_core.load_model(folder)
     assert model.class_names == ["0", "1", "2"] and model.decode(torch.zeros(3, 3, dtype=torch.long)) is None
     assert base["model"].decode(torch.zeros(3, 3, dtype=torch.long)).shape == (12, 12, 3)  # opened at load

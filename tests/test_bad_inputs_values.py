@@ -4,7 +4,6 @@ line) that says what is wrong and how to fix it, before any sampling starts, and
 The files a user points the loaders at: test_bad_inputs.py."""
 import importlib
 import importlib.util
-import json
 import math
 import os
 import shutil
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 import ssd_core
 from ssd_core import cli
 from ssd_core.sampling import SamplerSettings, log_probs
-from bad_inputs import ROOT, make_base, one_line, works
+from bad_inputs import ROOT, make_base, one_line, spec_edit, works
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
 
@@ -29,12 +28,6 @@ SSDError = ssd_core.SSDError
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return make_base(tmp_path_factory.mktemp("bad"))
-
-
-def without_class_names(folder):
-    """The folder's ssd_model.json with class_names [] (classes by number only)."""
-    spec = json.loads((folder / "ssd_model.json").read_text())
-    (folder / "ssd_model.json").write_text(json.dumps(dict(spec, class_names=[])))
 
 
 # ---- sampler values, generated -------------------------------------------------------------------------
@@ -231,7 +224,7 @@ def test_cli_errors_from_the_real_entry_point(base, tmp_path):
 
 def test_cli_and_api_agree_on_class_names_empty(base, tmp_path, capsys):
     folder = shutil.copytree(base["folder"], tmp_path / "model")
-    without_class_names(folder)
+    spec_edit(class_names=[])(folder, base["root"])
     assert cli.main(["generate", "--model", str(folder), "--heads", "none", "--decoder", "ar", "--class", "2",
                      "--grid", "2x2"]) == 0
     assert cli.main(["generate", "--model", str(folder), "--heads", "none", "--decoder", "ar", "--class", "cat"]) == 2
@@ -257,7 +250,7 @@ def pack(base, tmp_path_factory):
     heads = core.load_heads(base["heads_path"], model)
     unnamed = tmp_path_factory.mktemp("unnamed") / "model"
     shutil.copytree(base["folder"], unnamed)
-    without_class_names(unnamed)
+    spec_edit(class_names=[])(unnamed, base["root"])
     return {"core": core, "sampler": sampler.SSDSampler(),
             "model": loaders.SSDModel(model, heads, "tiny", "tiny-heads"),
             "unnamed": loaders.SSDModel(core.load_model(unnamed), None, "unnamed", "none")}
