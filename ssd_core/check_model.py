@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import model_files
-from .errors import SSDError, a_or_an, shown
+from .errors import SSDError, a_or_an, reason, shown
 from .memory import free_memory, weights_bytes
 
 LEVELS = ("ok", "missing", "error")
@@ -114,7 +114,7 @@ def read_header(path: Path) -> dict:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, stop) = entry["dtype"], [int(v) for v in entry["shape"]], entry["data_offsets"]
+            dtype, shape, (_, stop) = entry["dtype"], [int(v) for v in entry["shape"]], entry["data_offsets"]
             end = max(end, int(stop))
         except (KeyError, TypeError, ValueError):
             raise SSDError(f"{path.name}: the header entry of {shown(name)} is damaged: re-download it") from None
@@ -545,8 +545,7 @@ def check_folder(folder) -> Report:
     try:
         model, note = meta_model(folder, report.family, config)
     except Exception as err:  # noqa: BLE001 -- transformers raises many types for a config it cannot build
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        report.add("error", "shapes", f"config.json does not describe a model transformers can build ({first}): "
+        report.add("error", "shapes", f"config.json does not describe a model transformers can build ({reason(err)}): "
                    "fix config.json, or re-download the model")
         model, note = None, ""
     if model is not None and weights is not None and config.get("quantization_config") is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import SSDError, printable, shown
+from .errors import SSDError, printable, reason, shown
 from .model_files import check_path
 
 FORMAT = "ssd-heads"
@@ -160,8 +160,8 @@ def load_heads_file(path: str | Path, dtype: torch.dtype | None = None) -> Draft
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as err:  # safetensors raises several types for a damaged header
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SSDError(f"{path.name} is not a readable safetensors file ({first[:200]}); re-download or re-train it") from None
+        raise SSDError(f"{path.name} is not a readable safetensors file ({reason(err)}); re-download or re-train "
+                       "it") from None
     if meta.get("format") != FORMAT:
         raise SSDError(f"{path.name} is a safetensors file but not an SSD heads file (metadata format="
                        f"{shown(meta.get('format'))}, expected {FORMAT!r})")

@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import SSDError
+from .errors import SSDError, reason
 from .model_files import check_path
 
 HUB_NAME = re.compile(r"[A-Za-z0-9._-]{1,96}")  # one part of a Hugging Face repo id (owner/name)
@@ -105,7 +105,7 @@ def download(repo_id: str, folder, extra_files: str = "", local_files_only: bool
         undo()
         extra = f", and add {extra_files}" if extra_files else ""
         raise SSDError(f"could not download {repo_id} into {folder} ({type(err).__name__}: "
-                       f"{str(err).splitlines()[0] if str(err) else 'no details'}); "
+                       f"{reason(err, empty='no details')}); "
                        f"without network access, copy the files of {repo_id} into {folder}{extra}") from None
     if not (folder / "config.json").is_file():
         raise SSDError(f"the download of {repo_id} into {folder} holds no config.json; copy the files of "
@@ -154,5 +154,5 @@ def hub_file(repo_id: str, filename: str, folder, download: bool = False) -> Pat
     except Exception as err:  # offline, unknown repo or file, gated repo, network: one clear message
         undo()
         raise SSDError(f"could not download {where} ({type(err).__name__}: "
-                       f"{str(err).splitlines()[0] if str(err) else 'no details'}); without network access, "
+                       f"{reason(err, empty='no details')}); without network access, "
                        f"copy {filename} of {repo_id} into {target}") from None

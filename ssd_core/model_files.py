@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SSDError, printable, shown
+from .errors import SSDError, printable, reason, shown
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -251,9 +251,8 @@ def check_weights(folder, config: dict | None = None) -> list[Path]:
         except SSDError:
             raise
         except Exception as err:  # noqa: BLE001 -- safetensors raises several types for a damaged header
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise SSDError(f"could not load the model in {folder}: {path.name} is not a readable safetensors file "
-                           f"({first[:200]}); re-download or re-save the weights (model.safetensors)") from None
+                           f"({reason(err)}); re-download or re-save the weights (model.safetensors)") from None
     return files
 
 
@@ -345,8 +344,8 @@ def from_pretrained(cls, folder, optional: tuple[str, ...] = (), **kwargs):
     except (MemoryError, torch.OutOfMemoryError, SSDError):
         raise
     except Exception as err:  # noqa: BLE001 -- transformers / safetensors raise many types for a bad folder
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {first[:300]}); check "
+        why = reason(err, 300, empty="no details")
+        raise SSDError(f"could not load the model in {folder} ({type(err).__name__}: {why}); check "
                        "config.json and re-download or re-save the weights (model.safetensors)") from None
     check_loaded(model, folder, info, optional)
     return model

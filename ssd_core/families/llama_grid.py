@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError, a_or_an, shown
+from ..errors import SSDError, a_or_an, reason, shown
 from ..sampling import SamplerSettings
 from ..session import Layout, Prompt
 from .base import GridModel
@@ -118,8 +118,7 @@ def load_vq_decoder(folder: Path | None, spec: dict):
     try:
         vq = load_vq(str(path), device="cpu", dtype=torch.float32)
     except Exception as err:  # noqa: BLE001 -- safetensors and the VQ loader raise several types
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SSDError(f"the vq_decoder {path.name} in {folder} is not a readable reference VQ file ({first[:200]}); "
+        raise SSDError(f"the vq_decoder {path.name} in {folder} is not a readable reference VQ file ({reason(err)}); "
                        "re-download the model, or set vq_decoder to null for tokens only") from None
     codes = int(vq.config.get("codebook_size", 0))
     if codes < spec["image_vocab_size"]:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import model_files
-from ..errors import SSDError, a_or_an
+from ..errors import SSDError, a_or_an, reason
 from ..pixel_decoders.chameleon_vqgan import VQGANDecoder, find_vqgan
 from ..session import Layout, Prompt
 from . import common
@@ -328,8 +328,7 @@ class LuminaModel(TextGridModel):
             except (MemoryError, torch.OutOfMemoryError):
                 raise
             except Exception as err:  # noqa: BLE001 -- safetensors and the decoder raise several types
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                first = first.replace(f"{self._vqgan_path}: ", "").replace(repr(self._vqgan_path), "it")
+                first = reason(err, 1000).replace(f"{self._vqgan_path}: ", "").replace(repr(self._vqgan_path), "it")
                 raise SSDError(f"the VQGAN file {self._vqgan_path} is not a usable converted Chameleon VQGAN "
                                f"({first[:300]}); {VQGAN_FIX} again") from None
         return self._vqgan

@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..errors import reason
 from .chameleon_vqgan import KEPT_PREFIXES, VQGANConfig, VQGANDecoder, infer_config, save_decoder_state
 
 
@@ -37,7 +38,7 @@ def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
     except pickle.UnpicklingError as e:
         raise ConversionError(
             f"{path!r} holds pickled Python objects besides tensors, which loading with weights_only=True refuses "
-            f"({str(e).splitlines()[0] if str(e) else 'unpickling refused'}). If you trust the file, save its "
+            f"({reason(e)}). If you trust the file, save its "
             "tensors alone where you trust it, e.g. torch.save(torch.load(path, weights_only=False)['state_dict'], "
             "'vqgan_tensors.pt'), and convert that file") from e
     except Exception as e:  # noqa: BLE001 -- any unreadable file gets the same clear message

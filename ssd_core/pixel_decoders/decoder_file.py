@@ -63,7 +63,7 @@ class DecoderFile(nn.Module):
         """The file's config and tensor shapes against it, from the header alone (no tensor data read)."""
         from safetensors import safe_open
 
-        from ..errors import SSDError
+        from ..errors import SSDError, reason
 
         path = os.fspath(path)
         fix = cls.convert_fix.format(folder=os.path.dirname(os.path.abspath(path)))
@@ -75,8 +75,7 @@ class DecoderFile(nn.Module):
                 shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
             cfg = cls.config_class(**json.loads(meta[cls.metadata_key])).validate()
         except Exception as err:  # noqa: BLE001 -- a damaged header, missing metadata, a config of other fields
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise SSDError(f"{path} is not a converted {cls.what} decoder ({first}); {fix}") from None
+            raise SSDError(f"{path} is not a converted {cls.what} decoder ({reason(err)}); {fix}") from None
         wrong = cls.wrong_shapes(cfg, shapes)
         if wrong:
             raise SSDError(f"{path}: its tensors do not fit its config (first: {wrong[0]}); {fix}")

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import reason
 from .decoder_file import DecoderFile, Quantize, write_state
 
 METADATA_KEY = "ssd_ibq_config"
@@ -226,8 +227,7 @@ def read_config(config_path) -> IBQConfig:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ConversionError(f"could not read {path!r} as YAML ({first})") from None
+        raise ConversionError(f"could not read {path!r} as YAML ({reason(e)})") from None
     dd = raw.get("ddconfig") if isinstance(raw, dict) else None
     if not isinstance(dd, dict) or "n_embed" not in raw or "embed_dim" not in raw:
         raise ConversionError(f"{path!r} is not IBQ's config.yaml: it needs ddconfig, n_embed and embed_dim at the "

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import reason
 from .decoder_file import DecoderFile, Quantize, write_state
 
 METADATA_KEY = "ssd_movqgan_config"
@@ -233,8 +234,7 @@ def convert(ckpt_path, out_path) -> MoVQConfig:
         cfg = infer_config(state)
         MoVQDecoder(cfg).load_state_dict(state, strict=True)
     except (ValueError, RuntimeError, IndexError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ConversionError(f"{os.fspath(ckpt_path)!r} holds no MoVQGAN decoder ({first}): is it "
+        raise ConversionError(f"{os.fspath(ckpt_path)!r} holds no MoVQGAN decoder ({reason(e, 300)}): is it "
                               "movqgan_270M.ckpt?") from None
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     save_state(state, cfg, out_path)

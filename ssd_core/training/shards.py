@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SSDError
+from ..errors import SSDError, reason
 from ..model_files import check_path
 from . import data
 from .prompts import digest
@@ -73,7 +73,7 @@ class Shards:
             with safe_open(str(path), "pt") as f:
                 meta = f.metadata() or {}
         except Exception as err:
-            raise SSDError(f"--shards: {path} is not a readable shard ({' '.join(str(err).split())[:60]}): delete it, "
+            raise SSDError(f"--shards: {path} is not a readable shard ({reason(err, 60)}): delete it, "
                            "it is made again") from None
         if meta.get("format") != FORMAT:
             raise SSDError(f"--shards: {path} is not a grids shard of train-heads: give another --shards folder")

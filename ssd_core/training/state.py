@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SSDError, shown
+from ..errors import SSDError, reason, shown
 from ..heads import DraftHeads
 from ..outputs import WRITTEN, write_or_keep
 from . import data
@@ -53,7 +53,7 @@ def _read_state(path: Path) -> dict:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
     except Exception as err:
-        raise SSDError(f"--resume: {path} is not a readable run state ({' '.join(str(err).split())[:60]}): run "
+        raise SSDError(f"--resume: {path} is not a readable run state ({reason(err, 60)}): run "
                        "without --resume to start again") from None
     if meta.get("format") != STATE_FORMAT:
         raise SSDError(f"--resume: {path} is not a train-heads run state: run without --resume to start again")
