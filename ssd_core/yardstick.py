@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import SSDError
+from .errors import SSDError, reason, shown
 
 FORMAT = "ssd-yardstick"
 FORMAT_VERSION = "1"
@@ -158,12 +158,16 @@ def load_yardstick(path=None) -> Yardstick:
     if not path.is_file():
         raise SSDError(f"no yardstick at {path}: the bundled one ships as {DEFAULT_PATH}; the recipe's "
                        "yardstick stage writes a new one")
-    with safe_open(str(path), framework="pt") as f:
-        raw = f.metadata() or {}
-        if raw.get("format") != FORMAT:
-            raise SSDError(f"{path} is not a yardstick file (metadata 'format' is {raw.get('format')!r}, "
-                           f"expected {FORMAT!r})")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if raw.get("format") == FORMAT else {}
+    except Exception as err:  # noqa: BLE001 -- safetensors raises several types for a damaged file
+        raise SSDError(f"{path} is not a readable safetensors file ({reason(err)}): re-install the pack for the "
+                       "bundled yardstick, or make yours again with the recipe's yardstick stage") from None
+    if raw.get("format") != FORMAT:
+        raise SSDError(f"{path} is not a yardstick file (metadata 'format' is {shown(raw.get('format'))}, "
+                       f"expected {FORMAT!r})")
     config = json.loads(raw["config"])
     meta = {k: json.loads(v) for k, v in raw.items() if k not in ("format", "format_version", "config")}
     net = Classifier(config["num_classes"], tuple(config["widths"]), config["feature_dim"])

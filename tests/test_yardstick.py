@@ -83,6 +83,14 @@ def test_refuses_other_files(tmp_path):
         load_yardstick(p)
     with pytest.raises(SSDError, match="no yardstick at"):
         load_yardstick(tmp_path / "missing.safetensors")
+    cut = tmp_path / "cut.safetensors"  # the shipped yardstick, cut short (an interrupted copy)
+    cut.write_bytes(DEFAULT_PATH.read_bytes()[:4096])
+    with pytest.raises(SSDError, match=r"cut.safetensors is not a readable safetensors file \(.+\): re-install"):
+        load_yardstick(cut)
+    noise = tmp_path / "noise.safetensors"
+    noise.write_bytes(b"\xff" * 64)
+    with pytest.raises(SSDError, match="noise.safetensors is not a readable safetensors file"):
+        load_yardstick(noise)
 
 
 def test_bench_reports_class_accuracy_and_fd(tmp_path):
