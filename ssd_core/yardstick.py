@@ -168,11 +168,17 @@ def load_yardstick(path=None) -> Yardstick:
     if raw.get("format") != FORMAT:
         raise SSDError(f"{path} is not a yardstick file (metadata 'format' is {shown(raw.get('format'))}, "
                        f"expected {FORMAT!r})")
-    config = json.loads(raw["config"])
-    meta = {k: json.loads(v) for k, v in raw.items() if k not in ("format", "format_version", "config")}
-    net = Classifier(config["num_classes"], tuple(config["widths"]), config["feature_dim"])
-    net.load_state_dict({k[4:]: v.float() for k, v in tensors.items() if k.startswith("net.")})
-    return Yardstick(net, meta, tensors["ref_features"].float(), tensors["train_features"].float())
+    try:  # what save_yardstick writes: its config, JSON metadata, the network's tensors and both feature sets
+        config = json.loads(raw["config"])
+        meta = {k: json.loads(v) for k, v in raw.items() if k not in ("format", "format_version", "config")}
+        net = Classifier(config["num_classes"], tuple(config["widths"]), config["feature_dim"])
+        net.load_state_dict({k[4:]: v.float() for k, v in tensors.items() if k.startswith("net.")})
+        return Yardstick(net, meta, tensors["ref_features"].float(), tensors["train_features"].float())
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a field or tensor missing or of another shape
+        what = (f"no {err.args[0]!r}" if isinstance(err, KeyError) and err.args else
+                " ".join(str(err).split())[:200] if isinstance(err, RuntimeError) else reason(err))  # torch: 2 lines
+        raise SSDError(f"{path} is a damaged yardstick file ({what}): re-install the pack for the bundled "
+                       "yardstick, or make yours again with the recipe's yardstick stage") from None
 
 
 def for_model(model) -> Yardstick | None:

@@ -93,6 +93,36 @@ def test_refuses_other_files(tmp_path):
         load_yardstick(noise)
 
 
+
+@pytest.mark.parametrize("damage, said", [
+    ("no config", "no 'config'"),
+    ("config not JSON", "Expecting property name"),
+    ("no reference features", "no 'ref_features'"),
+    ("a network tensor of another shape", "size mismatch"),
+])
+def test_refuses_a_damaged_yardstick_file(tmp_path, damage, said):
+    """A yardstick file of the right format with a part missing or wrong: one SSDError line, not a KeyError."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(DEFAULT_PATH), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    if damage == "no config":
+        del meta["config"]
+    elif damage == "config not JSON":
+        meta["config"] = "{widths"
+    elif damage == "no reference features":
+        del tensors["ref_features"]
+    else:
+        name = next(k for k in tensors if k.startswith("net.") and tensors[k].ndim == 2)
+        tensors[name] = tensors[name][:, :-1].contiguous()
+    path = tmp_path / "damaged.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(SSDError, match=f"damaged.safetensors is a damaged yardstick file \\(.*{said}") as err:
+        load_yardstick(path)
+    assert "\n" not in str(err.value) and "re-install the pack" in str(err.value)
+
+
 def test_bench_reports_class_accuracy_and_fd(tmp_path):
     """A model folder that ships a yardstick gets class_acc and fd in every bench row (tiny model, tiny VQ)."""
     from tiny import make_heads, make_llama_grid
