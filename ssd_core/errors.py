@@ -36,12 +36,14 @@ def a_or_an(text) -> str:
     return ("an " if vowel else "a ") + text
 
 
-def reason(err: BaseException, limit: int = 200, empty: str | None = None) -> str:
-    """Why a library call failed, for a message: the first non-empty line of the exception's text (cut to
-    `limit`), or `empty` (default: the exception type's name) when it has no text (safetensors, json and torch
-    raise several kinds)."""
+def reason(err: BaseException, limit: int = 200, empty: str | None = None, fold: bool = False) -> str:
+    """Why a library call failed, for a message: the first non-empty line of the exception's text (fold: all its
+    lines, joined by spaces, for errors whose first line says little, e.g. torch's load_state_dict), cut to `limit`;
+    or `empty` (default: the exception type's name) when it has no text (safetensors, json and torch raise several
+    kinds)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return (lines[0] if lines else empty or type(err).__name__)[:limit]
+    text = (" ".join(str(err).split()) if fold else lines[0]) if lines else empty or type(err).__name__
+    return text[:limit]
 
 
 class SSDError(ValueError):

@@ -175,8 +175,7 @@ def load_yardstick(path=None) -> Yardstick:
         net.load_state_dict({k[4:]: v.float() for k, v in tensors.items() if k.startswith("net.")})
         return Yardstick(net, meta, tensors["ref_features"].float(), tensors["train_features"].float())
     except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a field or tensor missing or of another shape
-        what = (f"no {err.args[0]!r}" if isinstance(err, KeyError) and err.args else
-                " ".join(str(err).split())[:200] if isinstance(err, RuntimeError) else reason(err))  # torch: 2 lines
+        what = f"no {err.args[0]!r}" if isinstance(err, KeyError) and err.args else reason(err, fold=True)
         raise SSDError(f"{path} is a damaged yardstick file ({what}): re-install the pack for the bundled "
                        "yardstick, or make yours again with the recipe's yardstick stage") from None
 

@@ -73,7 +73,7 @@ class Shards:
             with safe_open(str(path), "pt") as f:
                 meta = f.metadata() or {}
         except Exception as err:
-            raise SSDError(f"--shards: {path} is not a readable shard ({reason(err, 60)}): delete it, "
+            raise SSDError(f"--shards: {path} is not a readable shard ({reason(err, 60, fold=True)}): delete it, "
                            "it is made again") from None
         if meta.get("format") != FORMAT:
             raise SSDError(f"--shards: {path} is not a grids shard of train-heads: give another --shards folder")

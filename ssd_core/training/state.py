@@ -53,7 +53,7 @@ def _read_state(path: Path) -> dict:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
     except Exception as err:
-        raise SSDError(f"--resume: {path} is not a readable run state ({reason(err, 60)}): run "
+        raise SSDError(f"--resume: {path} is not a readable run state ({reason(err, 60, fold=True)}): run "
                        "without --resume to start again") from None
     if meta.get("format") != STATE_FORMAT:
         raise SSDError(f"--resume: {path} is not a train-heads run state: run without --resume to start again")
