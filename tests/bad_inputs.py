@@ -44,13 +44,18 @@ def make_base(root: Path) -> dict:
             "heads": ssd_core.load_heads(heads_path, model)}
 
 
+def json_edit(name: str, **changes):
+    """An edit of a model folder (folder, root) that writes `changes` into its JSON file `name`."""
+    def edit(folder, root):
+        content = json.loads((folder / name).read_text())
+        content.update(changes)
+        (folder / name).write_text(json.dumps(content))
+    return edit
+
+
 def spec_edit(**changes):
     """An edit of a model folder (folder, root) that writes `changes` into its ssd_model.json."""
-    def edit(folder, root):
-        spec = json.loads((folder / "ssd_model.json").read_text())
-        spec.update(changes)
-        (folder / "ssd_model.json").write_text(json.dumps(spec))
-    return edit
+    return json_edit("ssd_model.json", **changes)
 
 
 def works(model, heads=None, decoder="ar", **kw):

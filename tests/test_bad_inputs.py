@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ssd_core
 from ssd_core.families.llama_grid import LlamaGridModel, read_spec
 from ssd_core.pixel_decoders import reference_vq
-from bad_inputs import TINY_VQ, make_base, one_line, save_tiny_vq, spec_edit, works
+from bad_inputs import TINY_VQ, json_edit, make_base, one_line, save_tiny_vq, spec_edit, works
 from conftest import rewrite_safetensors
 
 pytestmark = pytest.mark.engine457  # also run under transformers 4.57 (make test-engine-457)
@@ -98,11 +98,7 @@ def _link_out(name):
 
 
 def _config(**changes):
-    def edit(folder, root):
-        cfg = json.loads((folder / "config.json").read_text())
-        cfg.update(changes)
-        (folder / "config.json").write_text(json.dumps(cfg))
-    return edit
+    return json_edit("config.json", **changes)
 
 
 def _nested(name, key, depth):
