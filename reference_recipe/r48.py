@@ -21,7 +21,9 @@ sharing several sessions can be shipped at any point of a held learning rate. A 
 warms up to it again (WARMUP steps) from where it resumed. `--balance` draws each class equally often instead of
 each grid (the glyph set runs from 19 hearts to 130 animals, and the class accuracy asks every class in turn).
 `--originals` trains on the glyphs as rendered only (not their shifted copies), `--mix32 F` on 32x32 sequences for a
-share F of the steps (0.3 by default). One run a work folder at a time: a second is refused (train.lock), as it
+share F of the steps (0.3 by default). `--layers N` grows the init model deeper before training (`deepen`: a copy of
+evenly spaced layers inserted after each with its output projections zero, so that training starts from the same
+function with more capacity). One run a work folder at a time: a second is refused (train.lock), as it
 would overwrite the first's checkpoint.
 """
 from __future__ import annotations
@@ -96,12 +98,45 @@ def build_data(work: str) -> None:
     log(f"wrote {os.path.join(work, 'data.safetensors')}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items()))
 
 
-def warm_start(init: str | None = None):
-    """`reference` (or the model folder `init`) in fp32 with room for 48x48 sequences."""
+def warm_start(init: str | None = None, layers: int | None = None):
+    """`reference` (or the model folder `init`) in fp32 with room for 48x48 sequences; `layers` more than it has
+    grows it deeper without changing what it computes (`deepen`)."""
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained(init or REFERENCE, dtype=torch.float32)
     model.config.max_position_embeddings = MAX_POSITIONS
+    if layers and layers != model.config.num_hidden_layers:
+        model = deepen(model, layers)
     return model
+
+
+def deepen(model, layers: int):
+    """The model with `layers` decoder layers, the same function (block expansion, as LLaMA Pro): after evenly spaced
+    layers a copy of that layer is inserted whose output projections (attention o_proj, MLP down_proj) are zero, so
+    that each new layer adds nothing to the residual stream until it is trained."""
+    from transformers import LlamaForCausalLM
+    have = model.config.num_hidden_layers
+    if not have < layers <= 2 * have:
+        raise SystemExit(f"--layers {layers}: give more than the model's {have} layers and at most twice as many")
+    extra = layers - have
+    after = {round((j + 1) * have / extra) - 1 for j in range(extra)}  # copy these layers (evenly spaced)
+    old = model.state_dict()
+    new, k = {}, 0
+    for name, value in old.items():
+        if not name.startswith("model.layers."):
+            new[name] = value
+    for i in range(have):
+        for copy in ([False, True] if i in after else [False]):
+            prefix = f"model.layers.{i}."
+            for name, value in old.items():
+                if name.startswith(prefix):
+                    zero = copy and name.endswith(("o_proj.weight", "down_proj.weight"))
+                    new[f"model.layers.{k}.{name[len(prefix):]}"] = torch.zeros_like(value) if zero else value.clone()
+            k += 1
+    config = model.config
+    config.num_hidden_layers = layers
+    grown = LlamaForCausalLM(config).to(torch.float32)
+    grown.load_state_dict(new)
+    return grown
 
 
 @torch.no_grad()
@@ -144,7 +179,7 @@ def hold_work(work: str):
 
 def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
           peak_lr: float | None = None, ema_decay: float | None = None, balance: bool | None = None,
-          originals: bool | None = None, mix32: float | None = None) -> None:
+          originals: bool | None = None, mix32: float | None = None, layers: int | None = None) -> None:
     from safetensors.torch import load_file
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
@@ -153,13 +188,19 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     data = load_file(os.path.join(work, "data.safetensors"))
     ckpt = os.path.join(work, "checkpoint.pt")
     saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
-    model = warm_start(init or (saved and saved["state"].get("init")))  # the architecture the run began with
+    if saved is not None and layers and layers != saved["state"].get("layers"):
+        began = saved["state"].get("layers") or "its init model's"
+        raise SystemExit(f"--layers {layers}: the run in {work} began with {began} layers and a resume keeps them: "
+                         "leave --layers out, or start a fresh run in another --work")
+    layers = layers or (saved and saved["state"].get("layers"))
+    model = warm_start(init or (saved and saved["state"].get("init")), layers)  # the architecture the run began with
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
-             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32}
+             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32,
+             "layers": layers}
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
@@ -268,14 +309,16 @@ def ship(work: str, out: str, init: str | None = None, weights: str = "best") ->
     weights: "best" (best.pt, the lowest held-out NLL), "latest" (checkpoint.pt's moving average, else its weights:
     for a run whose held-out NLL is not what it is judged by, e.g. with --balance) or "trained" (checkpoint.pt's
     weights themselves: a short fine-tune whose average still holds much of the weights it began from)."""
-    model = warm_start(init)
     if weights in ("latest", "trained"):
         saved = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=True)
         average = saved.get("ema") if weights == "latest" else None
-        model.load_state_dict(average if average is not None else saved["model"])
+        chosen = average if average is not None else saved["model"]
         log(f"shipping step {saved['state']['step']}{' (the moving average)' if average is not None else ''}")
     else:
-        model.load_state_dict(torch.load(os.path.join(work, "best.pt"), weights_only=True))
+        chosen = torch.load(os.path.join(work, "best.pt"), weights_only=True)
+    layers = 1 + max(int(k.split(".")[2]) for k in chosen if k.startswith("model.layers."))  # as trained (--layers)
+    model = warm_start(init, layers)
+    model.load_state_dict(chosen)
     os.makedirs(out, exist_ok=True)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
@@ -349,6 +392,8 @@ def main(argv=None) -> None:
                          "--resume: from now on)")
     ap.add_argument("--mix32", type=float, default=None,
                     help=f"share of steps on 32x32 sequences (default {MIX_32}; with --resume: from now on)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="train: grow the init model to this many layers first (deepen; a resume keeps the run's)")
     ap.add_argument("--weights", default="best", choices=["best", "latest", "trained"],
                     help="ship: best.pt (lowest held-out NLL), the checkpoint's latest moving average, or its weights")
     ap.add_argument("--out", default="ssd_core/reference/model48")
@@ -360,7 +405,7 @@ def main(argv=None) -> None:
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work),
      "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance, a.originals,
-                            a.mix32),
+                            a.mix32, a.layers),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

@@ -182,3 +182,49 @@ def test_mix32_outside_0_to_1_is_refused(tmp_path, capsys):
         r48.main(["train", "--work", str(tmp_path / "w"), "--mix32", "30"])
     assert "--mix32 30.0 is a share of the steps: give a number from 0 to 1" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_deepen_grows_the_layers_and_keeps_what_the_model_computes(tmp_path):
+    init = tiny_model_dir(tmp_path / "init")
+    model = r48.warm_start(init)
+    x = torch.randint(512, (2, 60))
+    with torch.no_grad():
+        want = model(input_ids=x).logits
+    for layers in (3, 4):
+        grown = r48.warm_start(init, layers)
+        assert grown.config.num_hidden_layers == layers == len(grown.model.layers)
+        assert [layer.self_attn.layer_idx for layer in grown.model.layers] == list(range(layers))
+        with torch.no_grad():
+            assert torch.equal(grown(input_ids=x).logits, want)
+    grown = r48.warm_start(init, 4).state_dict()
+    old = model.state_dict()
+    # 2 -> 4: each layer followed by its copy, whose output projections start at zero
+    for new, was in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        for part in ("self_attn.q_proj.weight", "mlp.up_proj.weight", "input_layernorm.weight"):
+            assert torch.equal(grown[f"model.layers.{new}.{part}"], old[f"model.layers.{was}.{part}"])
+        for part in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            copy = grown[f"model.layers.{new}.{part}"]
+            want = torch.zeros_like(copy) if new % 2 else old[f"model.layers.{was}.{part}"]
+            assert torch.equal(copy, want)
+    for bad in (1, 5):
+        with pytest.raises(SystemExit, match=f"--layers {bad}: give more than the model's 2 layers and at most twice"):
+            r48.warm_start(init, bad)
+
+
+def test_a_deepened_run_trains_its_new_layers_resumes_and_ships_deep(run, tmp_path):
+    from transformers import LlamaForCausalLM
+    work, init = run
+    r48.train(str(work), None, False, steps=2, init=init, peak_lr=1e-2, layers=3)
+    ck = torch.load(work / "checkpoint.pt", weights_only=True)
+    assert ck["state"]["layers"] == 3 and "model.layers.2.mlp.down_proj.weight" in ck["model"]
+    assert ck["model"]["model.layers.1.mlp.down_proj.weight"].abs().sum() > 0  # the inserted layer has learnt
+    r48.train(str(work), None, True, steps=3)  # the resume rebuilds the 3 layers from the 2-layer init
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["step"] == 3
+    with pytest.raises(SystemExit, match="--layers 4: the run in .* began with 3 layers and a resume keeps them"):
+        r48.train(str(work), None, True, steps=4, layers=4)
+    out = tmp_path / "shipped"
+    r48.ship(str(work), str(out), init, weights="trained")
+    shipped = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    assert shipped.config.num_hidden_layers == 3
+    trained = torch.load(work / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(v, trained[k].half().float()) for k, v in shipped.state_dict().items())
