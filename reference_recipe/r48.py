@@ -109,6 +109,11 @@ def warm_start(init: str | None = None, layers: int | None = None):
     return model
 
 
+def layer_count(weights: dict) -> int:
+    """The number of decoder layers in a LlamaForCausalLM state dict (more than the init's after --layers)."""
+    return 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("model.layers."))
+
+
 def deepen(model, layers: int):
     """The model with `layers` decoder layers, the same function (block expansion, as LLaMA Pro): after evenly spaced
     layers a copy of that layer is inserted whose output projections (attention o_proj, MLP down_proj) are zero, so
@@ -188,19 +193,18 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     data = load_file(os.path.join(work, "data.safetensors"))
     ckpt = os.path.join(work, "checkpoint.pt")
     saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
-    if saved is not None and layers and layers != saved["state"].get("layers"):
-        began = saved["state"].get("layers") or "its init model's"
+    began = saved and layer_count(saved["model"])  # the layers of the run resumed
+    if began and layers and layers != began:
         raise SystemExit(f"--layers {layers}: the run in {work} began with {began} layers and a resume keeps them: "
                          "leave --layers out, or start a fresh run in another --work")
-    layers = layers or (saved and saved["state"].get("layers"))
-    model = warm_start(init or (saved and saved["state"].get("init")), layers)  # the architecture the run began with
+    # the architecture the run began with
+    model = warm_start(init or (saved and saved["state"].get("init")), layers or began)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
-             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32,
-             "layers": layers}
+             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32}
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
@@ -316,8 +320,7 @@ def ship(work: str, out: str, init: str | None = None, weights: str = "best") ->
         log(f"shipping step {saved['state']['step']}{' (the moving average)' if average is not None else ''}")
     else:
         chosen = torch.load(os.path.join(work, "best.pt"), weights_only=True)
-    layers = 1 + max(int(k.split(".")[2]) for k in chosen if k.startswith("model.layers."))  # as trained (--layers)
-    model = warm_start(init, layers)
+    model = warm_start(init, layer_count(chosen))
     model.load_state_dict(chosen)
     os.makedirs(out, exist_ok=True)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)

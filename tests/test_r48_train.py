@@ -216,7 +216,7 @@ def test_a_deepened_run_trains_its_new_layers_resumes_and_ships_deep(run, tmp_pa
     work, init = run
     r48.train(str(work), None, False, steps=2, init=init, peak_lr=1e-2, layers=3)
     ck = torch.load(work / "checkpoint.pt", weights_only=True)
-    assert ck["state"]["layers"] == 3 and "model.layers.2.mlp.down_proj.weight" in ck["model"]
+    assert r48.layer_count(ck["model"]) == 3 and "model.layers.2.mlp.down_proj.weight" in ck["model"]
     assert ck["model"]["model.layers.1.mlp.down_proj.weight"].abs().sum() > 0  # the inserted layer has learnt
     r48.train(str(work), None, True, steps=3)  # the resume rebuilds the 3 layers from the 2-layer init
     assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["step"] == 3

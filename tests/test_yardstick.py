@@ -93,7 +93,6 @@ def test_refuses_other_files(tmp_path):
         load_yardstick(noise)
 
 
-
 @pytest.mark.parametrize("damage, said", [
     ("no config", "no 'config'"),
     ("config not JSON", "Expecting property name"),
