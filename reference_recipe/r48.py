@@ -5,6 +5,9 @@
     python -m reference_recipe.r48 train --work build/r48x --init ssd_core/reference/model48 --steps 2000 [--resume] [--lr 2e-4]
     python -m reference_recipe.r48 ship  --work build/r48 --out ssd_core/reference/model48
     python -m reference_recipe.r48 classes --work build/r48x --model ssd_core/reference/model48 --side 48
+    python -m reference_recipe.r48 data  --work build/r48g --copies 24    # 25 renders a glyph
+    python -m reference_recipe.r48 pack  --work build/r48g                # data.safetensors.xz, to carry to a GPU
+    python -m reference_recipe.r48 train --work build/r48g --init ssd_core/reference/model48 --device cuda --batch 64
 
 Design (issue 24): the same glyphs, classes, held-out split and VQ as `reference` (the VQ is fully
 convolutional: a 192 px render gives a 48x48 grid, a 128 px render 32x32); the same LlamaForCausalLM, every
@@ -23,8 +26,10 @@ each grid (the glyph set runs from 19 hearts to 130 animals, and the class accur
 `--originals` trains on the glyphs as rendered only (not their shifted copies), `--mix32 F` on 32x32 sequences for a
 share F of the steps (0.3 by default). `--layers N` grows the init model deeper before training (`deepen`: a copy of
 evenly spaced layers inserted after each with its output projections zero, so that training starts from the same
-function with more capacity). One run a work folder at a time: a second is refused (train.lock), as it
-would overwrite the first's checkpoint.
+function with more capacity). `--device cuda --batch N` trains on a GPU (bf16 autocast, fp32 weights; checkpoints
+load on any device); `data --copies N` makes N augmented copies of each glyph instead of 6 / 4, and `pack` compresses
+the data to travel (reference_recipe/gpu_r48.sh: the whole GPU run in one command). One run a work folder at a time:
+a second is refused (train.lock), as it would overwrite the first's checkpoint.
 """
 from __future__ import annotations
 
@@ -52,6 +57,9 @@ WARMUP = 30
 MAX_POSITIONS = 2432              # >= 48 * 49 + 1 = 2353
 CFG_DROP = 0.1
 EVAL_EVERY = 200                  # steps between held-out evaluations (48x48; 32x32 at the end)
+SAVE_GAP_S = 60                   # a checkpoint every 50 steps, at most once a minute
+AUTOCAST = {"cuda": torch.bfloat16}  # device type -> the dtype of its matrix work in training
+DATA = "data.safetensors"         # in the work folder; DATA + ".xz" is its packed copy (`pack`)
 
 
 def render(ch: str, size: int) -> np.ndarray:
@@ -68,7 +76,9 @@ def render(ch: str, size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(sq).resize((size, size), Image.LANCZOS))
 
 
-def build_data(work: str) -> None:
+def build_data(work: str, copies: dict | None = None) -> None:
+    """Render, augment and tokenize the glyphs into `work`/data.safetensors. copies: augmented copies per training
+    glyph and grid side (default COPIES); the glyphs as rendered come first, `train{side}_glyphs` says how many."""
     from safetensors.torch import save_file
     from ssd_core.pixel_decoders.reference_vq import load_vq
     ds = D.build_dataset_v2(os.path.join(work, "emoji.npz"), verbose=True)
@@ -84,11 +94,12 @@ def build_data(work: str) -> None:
             with torch.no_grad():
                 return torch.cat([vq.encode(D.to_tensor(x[i:i + 64])).to(torch.int16) for i in range(0, len(x), 64)])
         toks, labs = [enc(imgs[tr])], [ds["labels"][tr]]
-        for c in range(COPIES[side]):
+        for c in range((copies or COPIES)[side]):
             toks.append(enc(D.augment(imgs[tr], rng, max_shift=4 * px // 96)))
             labs.append(ds["labels"][tr])
-            log(f"{side}x{side}: copy {c + 1}/{COPIES[side]}")
+            log(f"{side}x{side}: copy {c + 1}/{(copies or COPIES)[side]}")
         out[f"train{side}"] = torch.cat(toks).contiguous()
+        out[f"train{side}_glyphs"] = torch.tensor(int(tr.sum()))
         out[f"train{side}_classes"] = torch.from_numpy(np.concatenate(labs)).long()
         out[f"heldout{side}"] = enc(imgs[ho]).contiguous()
         out[f"heldout{side}_classes"] = torch.from_numpy(ds["labels"][ho]).long()
@@ -96,6 +107,36 @@ def build_data(work: str) -> None:
             np.save(os.path.join(work, "heldout192.npy"), imgs[ho])  # the real held-out glyphs at 192 px
     save_file(out, os.path.join(work, "data.safetensors"))
     log(f"wrote {os.path.join(work, 'data.safetensors')}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items()))
+
+
+def load_data(work: str) -> dict:
+    """`work`/data.safetensors, or else its packed copy data.safetensors.xz (`pack`: what travels to a GPU machine)."""
+    from safetensors.torch import load, load_file
+    path = os.path.join(work, DATA)
+    if os.path.exists(path):
+        return load_file(path)
+    if os.path.exists(path + ".xz"):
+        import lzma
+        with lzma.open(path + ".xz") as f:
+            return load(f.read())
+    raise SystemExit(f"{work} holds no {DATA} (nor {DATA}.xz): build it with "
+                     f"`python -m reference_recipe.r48 data --work {work}`")
+
+
+def pack(work: str) -> None:
+    """data.safetensors -> data.safetensors.xz, about a fifth of its size (mostly white codes), for the trip to a
+    GPU machine, whose copy of the working tree is limited in size; `train` reads either."""
+    import lzma
+    path = os.path.join(work, DATA)
+    if not os.path.exists(path):
+        raise SystemExit(f"{work} holds no {DATA} to pack: build it with `python -m reference_recipe.r48 data --work "
+                         f"{work}`")
+    with open(path, "rb") as src, lzma.open(path + ".xz.tmp", "wb", preset=6) as dst:
+        while chunk := src.read(1 << 24):
+            dst.write(chunk)
+    os.replace(path + ".xz.tmp", path + ".xz")
+    size, packed = os.path.getsize(path) / 1e6, os.path.getsize(path + ".xz") / 1e6
+    log(f"wrote {path}.xz: {packed:.1f} MB ({size:.1f} MB unpacked)")
 
 
 def warm_start(init: str | None = None, layers: int | None = None):
@@ -147,7 +188,8 @@ def deepen(model, layers: int):
 @torch.no_grad()
 def heldout_nll(model, toks, classes, lay) -> float:
     model.eval()
-    ce = torch.cat([ar_loss(model, sequences(toks[i:i + 8].long(), classes[i:i + 8], lay), reduction="none")
+    dev = next(model.parameters()).device
+    ce = torch.cat([ar_loss(model, sequences(toks[i:i + 8].long(), classes[i:i + 8], lay).to(dev), reduction="none")
                     for i in range(0, len(toks), 8)])
     return float(ce.mean())
 
@@ -184,27 +226,30 @@ def hold_work(work: str):
 
 def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
           peak_lr: float | None = None, ema_decay: float | None = None, balance: bool | None = None,
-          originals: bool | None = None, mix32: float | None = None, layers: int | None = None) -> None:
-    from safetensors.torch import load_file
+          originals: bool | None = None, mix32: float | None = None, layers: int | None = None,
+          device: str = "cpu", batch: int | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
+    dev = torch.device(device)
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
     lay = layout(spec["num_classes"], row_end=True)
     lock = hold_work(work)  # one run a folder: a second would overwrite the first's checkpoint
-    data = load_file(os.path.join(work, "data.safetensors"))
+    data = load_data(work)
     ckpt = os.path.join(work, "checkpoint.pt")
-    saved = torch.load(ckpt, weights_only=True) if resume and os.path.exists(ckpt) else None  # our own: tensors
+    saved = (torch.load(ckpt, weights_only=True, map_location=dev)  # our own: tensors
+             if resume and os.path.exists(ckpt) else None)
     began = saved and layer_count(saved["model"])  # the layers of the run resumed
     if began and layers and layers != began:
         raise SystemExit(f"--layers {layers}: the run in {work} began with {began} layers and a resume keeps them: "
                          "leave --layers out, or start a fresh run in another --work")
     # the architecture the run began with
-    model = warm_start(init or (saved and saved["state"].get("init")), layers or began)
+    model = warm_start(init or (saved and saved["state"].get("init")), layers or began).to(dev)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95))
     state = {"step": 0, "elapsed": 0.0, "history": [], "budget_s": (minutes or 70.0) * 60, "budget_steps": steps,
-             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32}
+             "init": init, "peak_lr": peak_lr or LR, "balance": False, "originals": False, "mix32": MIX_32,
+             "batch": BATCH}
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
@@ -221,7 +266,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         log(f"{'--resume: no checkpoint in ' + work + ', so ' if resume else ''}a fresh run from "
             f"{init or REFERENCE}")
     # options given replace the run's (a resume keeps those not given, from its checkpoint)
-    given = {"ema_decay": ema_decay, "balance": balance, "originals": originals, "mix32": mix32}
+    given = {"ema_decay": ema_decay, "balance": balance, "originals": originals, "mix32": mix32, "batch": batch}
     state.update({k: v for k, v in given.items() if v is not None})
     # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
     ema = None
@@ -229,7 +274,9 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if saved is not None and saved.get("ema") is not None:
             ema = saved["ema"]
-    g = torch.Generator().manual_seed(SEED + 4800 + state["step"])
+    g = torch.Generator().manual_seed(SEED + 4800 + state["step"])  # the draw of grids: on the CPU, any device
+    # on a GPU: bf16 matrix work, fp32 weights, moments and loss (this CPU has no fast bf16: fp32 throughout)
+    autocast = torch.autocast(dev.type, dtype=AUTOCAST.get(dev.type), enabled=dev.type in AUTOCAST)
     stop = {"now": False}
 
     def on_signal(signum, frame):
@@ -262,6 +309,7 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
     if state["step"] == 0:
         evaluate()
     t_start = time.time() - state["elapsed"]
+    saved_at = 0.0
     def done_share() -> float:  # of the budget: steps when counted in steps, else the wall clock
         if state.get("budget_steps"):
             return state["step"] / state["budget_steps"]
@@ -277,11 +325,15 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         side = 32 if torch.rand(1, generator=g).item() < state.get("mix32", MIX_32) else 48
         X, Y = data[f"train{side}"], data[f"train{side}_classes"]
         if state.get("originals"):  # the glyphs as rendered, without their shifted copies (build_data puts them first)
-            X, Y = X[:len(X) // (COPIES[side] + 1)], Y[:len(Y) // (COPIES[side] + 1)]
-        idx = batch_indices(Y, BATCH, g, state.get("balance", False))
+            glyphs = data.get(f"train{side}_glyphs")  # absent from data built before --copies: COPIES then
+            glyphs = int(glyphs) if glyphs is not None else len(X) // (COPIES[side] + 1)
+            X, Y = X[:glyphs], Y[:glyphs]
+        size = state.get("batch", BATCH)
+        idx = batch_indices(Y, size, g, state.get("balance", False))
         labels = Y[idx].clone()
-        labels[torch.rand(BATCH, generator=g) < CFG_DROP] = spec["num_classes"]  # the null class
-        loss = ar_loss(model, sequences(X[idx].long(), labels, lay))
+        labels[torch.rand(size, generator=g) < CFG_DROP] = spec["num_classes"]  # the null class
+        with autocast:
+            loss = ar_loss(model, sequences(X[idx].long(), labels, lay).to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -297,8 +349,9 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
                 f"{state['elapsed'] / 60:.1f} min, {frac:.1%} of the budget")
         if state["step"] % EVAL_EVERY == 0:
             evaluate()
-        if state["step"] % 50 == 0:
+        if state["step"] % 50 == 0 and time.time() - saved_at >= SAVE_GAP_S:  # a fast GPU: once a minute at most
             save()
+            saved_at = time.time()
     evaluate(final=True)
     save()
     if lock is not None:
@@ -314,12 +367,12 @@ def ship(work: str, out: str, init: str | None = None, weights: str = "best") ->
     for a run whose held-out NLL is not what it is judged by, e.g. with --balance) or "trained" (checkpoint.pt's
     weights themselves: a short fine-tune whose average still holds much of the weights it began from)."""
     if weights in ("latest", "trained"):
-        saved = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=True)
+        saved = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=True, map_location="cpu")
         average = saved.get("ema") if weights == "latest" else None
         chosen = average if average is not None else saved["model"]
         log(f"shipping step {saved['state']['step']}{' (the moving average)' if average is not None else ''}")
     else:
-        chosen = torch.load(os.path.join(work, "best.pt"), weights_only=True)
+        chosen = torch.load(os.path.join(work, "best.pt"), weights_only=True, map_location="cpu")
     model = warm_start(init, layer_count(chosen))
     model.load_state_dict(chosen)
     os.makedirs(out, exist_ok=True)
@@ -343,8 +396,8 @@ def ship(work: str, out: str, init: str | None = None, weights: str = "best") ->
 def heads_grids(work: str, count: int = 240) -> None:
     """The heads' fine-tuning grids from the tokenized data: `count` random 48x48 training grids (the draw is seeded)
     and the 32 held-out ones, as train-heads' --grids / --heldout-grids files (tokens [N, 48, 48], classes [N])."""
-    from safetensors.torch import load_file, save_file
-    data = load_file(os.path.join(work, "data.safetensors"))
+    from safetensors.torch import save_file
+    data = load_data(work)
     pick = torch.randperm(len(data["train48"]), generator=torch.Generator().manual_seed(48))[:count]
     for name, tokens, classes in (("grids48", data["train48"][pick], data["train48_classes"][pick]),
                                   ("heldout48", data["heldout48"], data["heldout48_classes"])):
@@ -364,7 +417,7 @@ def classes(work: str, model_dir: str, side: int) -> dict:
         held = load_file("tests/data/heldout_tokens.safetensors")
         tokens, labels = held["tokens"], held["labels"]
     else:
-        data = load_file(os.path.join(work, "data.safetensors"))
+        data = load_data(work)
         tokens, labels = data[f"heldout{side}"], data[f"heldout{side}_classes"]
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     out = class_likelihood(model, tokens, labels, layout(spec["num_classes"], row_end=True), spec["num_classes"])
@@ -377,7 +430,7 @@ def classes(work: str, model_dir: str, side: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m reference_recipe.r48", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["data", "train", "ship", "grids", "classes"])
+    ap.add_argument("stage", choices=["data", "pack", "train", "ship", "grids", "classes"])
     ap.add_argument("--work", default="build/r48")
     ap.add_argument("--minutes", type=float, default=None,
                     help="training budget in wall-clock minutes (default 70; with --resume: a new budget)")
@@ -395,20 +448,32 @@ def main(argv=None) -> None:
                          "--resume: from now on)")
     ap.add_argument("--mix32", type=float, default=None,
                     help=f"share of steps on 32x32 sequences (default {MIX_32}; with --resume: from now on)")
+    ap.add_argument("--copies", type=int, default=None,
+                    help=f"data: augmented copies of each training glyph at both sizes (default {COPIES})")
     ap.add_argument("--layers", type=int, default=None,
                     help="train: grow the init model to this many layers first (deepen; a resume keeps the run's)")
+    ap.add_argument("--device", default="cpu", help="train: where (cpu, cuda; on cuda the matrix work runs in bf16)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help=f"train: sequences a step (default {BATCH}; with --resume: from now on)")
     ap.add_argument("--weights", default="best", choices=["best", "latest", "trained"],
                     help="ship: best.pt (lowest held-out NLL), the checkpoint's latest moving average, or its weights")
     ap.add_argument("--out", default="ssd_core/reference/model48")
     ap.add_argument("--model", default="ssd_core/reference/model48", help="classes: the model folder to check")
     ap.add_argument("--side", type=int, default=48, choices=[24, 32, 48], help="classes: the held-out grid size")
     a = ap.parse_args(argv)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: this torch ({torch.__version__}) sees no GPU; train on --device cpu")
+    if a.copies is not None and a.copies < 0:
+        ap.error(f"--copies {a.copies}: give the number of augmented copies of each glyph, 0 or more")
+    if a.batch is not None and a.batch < 1:
+        ap.error(f"--batch {a.batch}: give the number of sequences a step, 1 or more")
     if a.mix32 is not None and not 0 <= a.mix32 <= 1:
         ap.error(f"--mix32 {a.mix32} is a share of the steps: give a number from 0 to 1")
     os.makedirs(a.work, exist_ok=True)
-    {"data": lambda: build_data(a.work),
+    {"data": lambda: build_data(a.work, a.copies and {side: a.copies for side in SIZES}),
+     "pack": lambda: pack(a.work),
      "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance, a.originals,
-                            a.mix32, a.layers),
+                            a.mix32, a.layers, a.device, a.batch),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

@@ -166,6 +166,79 @@ def test_originals_and_mix32_pick_what_is_trained_on(run, monkeypatch):
     assert any(not any(torch.equal(t[0], o) for o in data["train32"][:2].long()) for t in seen)
 
 
+def test_originals_follow_the_glyph_count_the_data_records(run, monkeypatch):
+    from safetensors.torch import load_file, save_file
+    work, init = run
+    data = load_file(str(work / "data.safetensors"))
+    data["train48_glyphs"] = torch.tensor(1)  # as `data --copies N` records it: 1 glyph, then its 5 copies
+    save_file(data, str(work / "data.safetensors"))
+    seen = []
+    real = r48.sequences
+    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
+        seen.append(toks.clone()) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    r48.train(str(work), None, False, steps=6, init=init, originals=True, mix32=0.0)
+    assert len(seen) == 6 and all(torch.equal(t[0], data["train48"][0].long()) for t in seen)
+
+
+def test_a_run_reads_packed_data_and_keeps_its_batch_across_a_resume(run, monkeypatch):
+    from safetensors.torch import load_file
+    work, init = run
+    r48.pack(str(work))
+    plain, packed = work / "data.safetensors", work / "data.safetensors.xz"
+    assert packed.stat().st_size < plain.stat().st_size
+    want = load_file(str(plain))
+    plain.unlink()  # what travels to a GPU machine: the packed copy alone
+    got = r48.load_data(str(work))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    sizes = []  # sequences in each training batch
+    real = r48.sequences
+    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
+        sizes.append(len(toks)) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    r48.train(str(work), None, False, steps=2, init=init, batch=3)
+    assert sizes == [3, 3] and torch.load(work / "checkpoint.pt", weights_only=True)["state"]["batch"] == 3
+    r48.train(str(work), None, True, steps=3)  # a resume keeps the run's batch
+    r48.train(str(work), None, True, steps=4, batch=2)  # or takes a new one
+    assert sizes == [3, 3, 3, 2]
+    packed.unlink()
+    with pytest.raises(SystemExit, match="holds no data.safetensors \\(nor data.safetensors.xz\\): build it with "
+                                         "`python -m reference_recipe.r48 data --work"):
+        r48.load_data(str(work))
+
+
+def test_autocast_runs_the_matrix_work_in_bf16_and_keeps_the_weights_fp32(run, monkeypatch):
+    # a GPU's path (AUTOCAST["cuda"]) taken here on the CPU: the model's logits in bf16, the loss, weights and
+    # moments in fp32; without it the logits are fp32
+    work, init = run
+    seen = []
+    real = r48.warm_start
+
+    def watched(*a, **k):
+        model = real(*a, **k)
+        model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.dtype) if torch.is_grad_enabled() else None)
+        return model
+    monkeypatch.setattr(r48, "warm_start", watched)
+    r48.train(str(work), None, False, steps=2, init=init)
+    assert seen == [torch.float32] * 2
+    monkeypatch.setattr(r48, "AUTOCAST", {"cpu": torch.bfloat16})
+    r48.train(str(work), None, True, steps=4)
+    assert seen[2:] == [torch.bfloat16] * 2
+    ck = torch.load(work / "checkpoint.pt", weights_only=True)
+    assert ck["state"]["step"] == 4 and all(v.dtype == torch.float32 for v in ck["model"].values())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in ck["opt"]["state"].values())
+    assert all(h["nll48"] == h["nll48"] for h in ck["state"]["history"])  # finite, measured in fp32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a GPU")
+def test_cuda_and_a_batch_under_one_are_refused_before_any_work(tmp_path, capsys):
+    for flags, said in ((["--device", "cuda"], f"--device cuda: this torch ({torch.__version__}) sees no GPU; "
+                                                "train on --device cpu"),
+                        (["--batch", "0"], "--batch 0: give the number of sequences a step, 1 or more")):
+        with pytest.raises(SystemExit):
+            r48.main(["train", "--work", str(tmp_path / "w")] + flags)
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_second_run_on_the_same_folder_is_refused(run):
     work, init = run
     held = r48.hold_work(str(work))  # as a run in another process holds it
