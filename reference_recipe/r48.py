@@ -81,6 +81,7 @@ def build_data(work: str, copies: dict | None = None) -> None:
     glyph and grid side (default COPIES); the glyphs as rendered come first, `train{side}_glyphs` says how many."""
     from safetensors.torch import save_file
     from ssd_core.pixel_decoders.reference_vq import load_vq
+    copies = copies or COPIES
     ds = D.build_dataset_v2(os.path.join(work, "emoji.npz"), verbose=True)
     vq = load_vq(os.path.join(REFERENCE, "vq.safetensors"))
     rng = np.random.default_rng(SEED + 48)
@@ -94,10 +95,10 @@ def build_data(work: str, copies: dict | None = None) -> None:
             with torch.no_grad():
                 return torch.cat([vq.encode(D.to_tensor(x[i:i + 64])).to(torch.int16) for i in range(0, len(x), 64)])
         toks, labs = [enc(imgs[tr])], [ds["labels"][tr]]
-        for c in range((copies or COPIES)[side]):
+        for c in range(copies[side]):
             toks.append(enc(D.augment(imgs[tr], rng, max_shift=4 * px // 96)))
             labs.append(ds["labels"][tr])
-            log(f"{side}x{side}: copy {c + 1}/{(copies or COPIES)[side]}")
+            log(f"{side}x{side}: copy {c + 1}/{copies[side]}")
         out[f"train{side}"] = torch.cat(toks).contiguous()
         out[f"train{side}_glyphs"] = torch.tensor(int(tr.sum()))
         out[f"train{side}_classes"] = torch.from_numpy(np.concatenate(labs)).long()

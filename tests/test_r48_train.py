@@ -35,6 +35,16 @@ def tiny_data(work):
     save_file(out, str(work / "data.safetensors"))
 
 
+def trained_batches(monkeypatch) -> list:
+    """The grids of each training batch, recorded as r48 builds its sequences (held-out evaluations run without
+    grad and are left out)."""
+    seen = []
+    real = r48.sequences
+    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
+        seen.append(toks.clone()) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    return seen
+
+
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_THREADS", "1")
@@ -149,10 +159,7 @@ def test_ship_takes_the_best_the_latest_average_or_the_trained_weights(run, tmp_
 def test_originals_and_mix32_pick_what_is_trained_on(run, monkeypatch):
     work, init = run
     monkeypatch.setattr(r48, "COPIES", {48: 2, 32: 2})  # 6 grids a size: 2 glyphs as rendered, then 2 copies each
-    seen = []  # the grids of each training batch (the held-out evaluations run without grad)
-    real = r48.sequences
-    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
-        seen.append(toks.clone()) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    seen = trained_batches(monkeypatch)
     from safetensors.torch import load_file
     data = load_file(str(work / "data.safetensors"))
     r48.train(str(work), None, False, steps=12, init=init, originals=True, mix32=0.0)
@@ -172,10 +179,7 @@ def test_originals_follow_the_glyph_count_the_data_records(run, monkeypatch):
     data = load_file(str(work / "data.safetensors"))
     data["train48_glyphs"] = torch.tensor(1)  # as `data --copies N` records it: 1 glyph, then its 5 copies
     save_file(data, str(work / "data.safetensors"))
-    seen = []
-    real = r48.sequences
-    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
-        seen.append(toks.clone()) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    seen = trained_batches(monkeypatch)
     r48.train(str(work), None, False, steps=6, init=init, originals=True, mix32=0.0)
     assert len(seen) == 6 and all(torch.equal(t[0], data["train48"][0].long()) for t in seen)
 
@@ -190,15 +194,12 @@ def test_a_run_reads_packed_data_and_keeps_its_batch_across_a_resume(run, monkey
     plain.unlink()  # what travels to a GPU machine: the packed copy alone
     got = r48.load_data(str(work))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-    sizes = []  # sequences in each training batch
-    real = r48.sequences
-    monkeypatch.setattr(r48, "sequences", lambda toks, labels, lay: (
-        sizes.append(len(toks)) if torch.is_grad_enabled() else None) or real(toks, labels, lay))
+    seen = trained_batches(monkeypatch)
     r48.train(str(work), None, False, steps=2, init=init, batch=3)
-    assert sizes == [3, 3] and torch.load(work / "checkpoint.pt", weights_only=True)["state"]["batch"] == 3
+    assert [len(t) for t in seen] == [3, 3] and torch.load(work / "checkpoint.pt", weights_only=True)["state"]["batch"] == 3
     r48.train(str(work), None, True, steps=3)  # a resume keeps the run's batch
     r48.train(str(work), None, True, steps=4, batch=2)  # or takes a new one
-    assert sizes == [3, 3, 3, 2]
+    assert [len(t) for t in seen] == [3, 3, 3, 2]
     packed.unlink()
     with pytest.raises(SystemExit, match="holds no data.safetensors \\(nor data.safetensors.xz\\): build it with "
                                          "`python -m reference_recipe.r48 data --work"):
