@@ -66,13 +66,11 @@ def judge(model_dir: str, heads_path: str = HEADS, procs: int = 2, grid=None, li
         if not group:
             continue
         images, asked = [d[2] for d in group], [d[1] for d in group]
-        score = stick.score(images, asked)
-        called = stick.logits_and_features(images)[0].argmax(1).tolist()
-        right, total = Counter(a for a, c in zip(asked, called) if a == c), Counter(asked)
+        score = stick.report(images, asked)
+        called = score["called"]
         report["blocks"][name] = {
             "images": len(group), "class_acc": score["class_acc"], "fd": score["fd"],
-            "blank": sum(d[3] < BLANK_NLL for d in group),
-            "per_class": {names[k]: f"{right[k]}/{total[k]}" for k in sorted(total)},
+            "blank": sum(d[3] < BLANK_NLL for d in group), "per_class": score["per_class"],
             "called_most": Counter(names[c] for c in called).most_common(3),
             "pairs": [[d[0], d[1], names[c], round(d[3], 4)] for d, c in zip(group, called)]}
         b = report["blocks"][name]

@@ -12,6 +12,7 @@ data set version, class names, its own figures). From it, for a set of generated
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -111,8 +112,20 @@ class Yardstick:
 
     def score(self, images, classes) -> dict:
         """class_acc (share classified as asked) and fd (to the held-out real glyphs) of the images."""
-        classes = torch.as_tensor([int(c) for c in classes])
+        return self._score(*self.logits_and_features(images), classes)
+
+    def report(self, images, classes) -> dict:
+        """score's figures, the class called for each image, and per class asked "right/asked" (by name)."""
         logits, feats = self.logits_and_features(images)
+        out = self._score(logits, feats, classes)
+        asked, called = [int(c) for c in classes], logits.argmax(1).tolist()
+        right, total = Counter(a for a, c in zip(asked, called) if a == c), Counter(asked)
+        out["called"] = called
+        out["per_class"] = {self.class_names[k]: f"{right[k]}/{total[k]}" for k in sorted(total)}
+        return out
+
+    def _score(self, logits: torch.Tensor, feats: torch.Tensor, classes) -> dict:
+        classes = torch.as_tensor([int(c) for c in classes])
         if len(classes) != len(logits):
             raise SSDError(f"score got {len(logits)} images but {len(classes)} classes")
         return {"class_acc": round(float((logits.argmax(1) == classes).float().mean()), 4),

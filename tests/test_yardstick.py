@@ -50,6 +50,11 @@ def test_real_heldout_glyphs_are_recognised(stick, heldout_images):
     s = stick.score(images, labels)
     assert s["class_acc"] == pytest.approx(acc, abs=1e-4)  # rounded to 4 digits
     assert s["fd"] < 4 * stick.real_fd(len(images))  # close to real glyphs, at the same sample size
+    r = stick.report(images, labels)  # score's figures, with what was called per image and per class
+    assert {k: r[k] for k in s} == s and r["called"] == stick.classify(images).tolist()
+    right = sum(int(v.split("/")[0]) for v in r["per_class"].values())
+    assert right == round(acc * len(labels)) and sum(int(v.split("/")[1]) for v in r["per_class"].values()) == len(labels)
+    assert set(r["per_class"]) == {stick.class_names[k] for k in set(labels.tolist())}
 
 
 def test_noise_scores_badly(stick, heldout_images):

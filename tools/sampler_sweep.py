@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +52,6 @@ def sweep(model, heads, settings: list[dict], images: int, seed: int, decoder: s
     stick = yardstick.for_model(model)
     if stick is None:
         raise SystemExit("sampler_sweep needs a model whose folder ships a yardstick (the bundled reference models)")
-    names = list(model.class_names)
     asked = prompts_for(model, images, None)  # class index asked for, in turn (as bench asks)
     rows = []
     for setting in settings:
@@ -61,13 +59,11 @@ def sweep(model, heads, settings: list[dict], images: int, seed: int, decoder: s
         runs = [ssd_core.generate(model, heads if decoder != "ar" else None, prompt=c, seed=seed + i, decoder=decoder,
                                   grid=grid, **setting) for i, c in enumerate(asked)]
         pictures = [r.image for r in runs]
-        score = stick.score(pictures, asked)
-        called = stick.logits_and_features(pictures)[0].argmax(1).tolist()  # the class the yardstick sees, per image
-        right, total = Counter(a for a, c in zip(asked, called) if a == c), Counter(asked)
-        row = {"setting": setting or "defaults", "class_acc": score["class_acc"], "fd": score["fd"], "called": called,
+        score = stick.report(pictures, asked)  # called: the class the yardstick sees, per image
+        row = {"setting": setting or "defaults", "class_acc": score["class_acc"], "fd": score["fd"],
+               "called": score["called"],
                "nll_full": [round(r.trace.nll_full, 4) for r in runs],  # per image: the bench's quality figure
-               "per_class": {names[k]: f"{right[k]}/{total[k]}" for k in sorted(total)},
-               "seconds": round(time.time() - t0, 1)}
+               "per_class": score["per_class"], "seconds": round(time.time() - t0, 1)}
         rows.append(row)
         log(f"{json.dumps(row['setting'])}: class accuracy {row['class_acc'] * 100:.1f}%, FD {row['fd']}, "
             f"per class {row['per_class']}")
