@@ -52,8 +52,8 @@ def test_real_heldout_glyphs_are_recognised(stick, heldout_images):
     assert s["fd"] < 4 * stick.real_fd(len(images))  # close to real glyphs, at the same sample size
     r = stick.report(images, labels)  # score's figures, with what was called per image and per class
     assert {k: r[k] for k in s} == s and r["called"] == stick.classify(images).tolist()
-    right = sum(int(v.split("/")[0]) for v in r["per_class"].values())
-    assert right == round(acc * len(labels)) and sum(int(v.split("/")[1]) for v in r["per_class"].values()) == len(labels)
+    right, asked = (sum(int(v.split("/")[i]) for v in r["per_class"].values()) for i in (0, 1))
+    assert right == round(acc * len(labels)) and asked == len(labels)
     assert set(r["per_class"]) == {stick.class_names[k] for k in set(labels.tolist())}
 
 
