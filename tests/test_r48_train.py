@@ -196,7 +196,8 @@ def test_a_run_reads_packed_data_and_keeps_its_batch_across_a_resume(run, monkey
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     seen = trained_batches(monkeypatch)
     r48.train(str(work), None, False, steps=2, init=init, batch=3)
-    assert [len(t) for t in seen] == [3, 3] and torch.load(work / "checkpoint.pt", weights_only=True)["state"]["batch"] == 3
+    assert [len(t) for t in seen] == [3, 3]
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["batch"] == 3
     r48.train(str(work), None, True, steps=3)  # a resume keeps the run's batch
     r48.train(str(work), None, True, steps=4, batch=2)  # or takes a new one
     assert [len(t) for t in seen] == [3, 3, 3, 2]
