@@ -54,10 +54,11 @@ def sequences(tokens: torch.Tensor, labels: torch.Tensor, lay: dict) -> torch.Te
     return torch.cat([cls, grid.reshape(B, -1)], dim=1)
 
 
-def ar_loss(model, seq: torch.Tensor, reduction: str = "mean", image_vocab: int = 512) -> torch.Tensor:
+def ar_loss(model, seq: torch.Tensor, reduction: str = "mean", image_vocab: int = 512,
+            inputs: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token CE on the 576 image positions (prediction at the class token included; the forced
-    row-end tokens are no targets)."""
-    logits = model(input_ids=seq[:, :-1]).logits.float()
+    row-end tokens are no targets). inputs: what the model reads instead of seq[:, :-1] (the targets stay seq's)."""
+    logits = model(input_ids=seq[:, :-1] if inputs is None else inputs).logits.float()
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1), reduction="none")
     ce = ce.view(seq.shape[0], -1)[:, seq[0, 1:] < image_vocab]
     return ce.mean() if reduction == "mean" else ce

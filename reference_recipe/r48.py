@@ -23,6 +23,8 @@ step) beside them: held-out NLL is then measured on it and `best.pt` is the best
 sharing several sessions can be shipped at any point of a held learning rate. A resume that sets a new `--lr`
 warms up to it again (WARMUP steps) from where it resumed. `--balance` draws each class equally often instead of
 each grid (the glyph set runs from 19 hearts to 130 animals, and the class accuracy asks every class in turn).
+`--noise P` swaps a share P of the image codes the model reads (never its targets) for codes of the same grid
+elsewhere, so that it learns to go on from a context with the slips its own sampling makes (exposure bias).
 `--originals` trains on the glyphs as rendered only (not their shifted copies), `--mix32 F` on 32x32 sequences for a
 share F of the steps (0.3 by default). `--layers N` grows the init model deeper before training (`deepen`: a copy of
 evenly spaced layers inserted after each with its output projections zero, so that training starts from the same
@@ -206,6 +208,19 @@ def batch_indices(classes: torch.Tensor, n: int, g: torch.Generator, balance: bo
     return torch.stack([pool[torch.randint(len(pool), (1,), generator=g)[0]] for pool in pools])
 
 
+def corrupt(seq: torch.Tensor, share: float, g: torch.Generator, image_vocab: int = 512) -> torch.Tensor:
+    """The model's inputs seq[:, :-1] with about `share` of their image codes swapped for the code at a random
+    other position of the same sequence (an image code, so the grid's own palette: mostly background); the class
+    and row-end tokens stay."""
+    inputs = seq[:, :-1].clone()
+    hit = (torch.rand(inputs.shape, generator=g) < share) & (inputs < image_vocab)
+    source = torch.randint(1, inputs.shape[1], inputs.shape, generator=g)  # a position of the same sequence
+    swapped = inputs.gather(1, source)
+    hit &= swapped < image_vocab
+    inputs[hit] = swapped[hit]
+    return inputs
+
+
 def hold_work(work: str):
     """An exclusive lock on `work`/train.lock until train() returns (or the process exits), or SystemExit."""
     try:
@@ -228,7 +243,7 @@ def hold_work(work: str):
 def train(work: str, minutes: float, resume: bool, steps: int | None = None, init: str | None = None,
           peak_lr: float | None = None, ema_decay: float | None = None, balance: bool | None = None,
           originals: bool | None = None, mix32: float | None = None, layers: int | None = None,
-          device: str = "cpu", batch: int | None = None) -> None:
+          device: str = "cpu", batch: int | None = None, noise: float | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("SSD_THREADS", "2")))
     dev = torch.device(device)
     spec = json.load(open(os.path.join(REFERENCE, "ssd_model.json")))
@@ -267,7 +282,8 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         log(f"{'--resume: no checkpoint in ' + work + ', so ' if resume else ''}a fresh run from "
             f"{init or REFERENCE}")
     # options given replace the run's (a resume keeps those not given, from its checkpoint)
-    given = {"ema_decay": ema_decay, "balance": balance, "originals": originals, "mix32": mix32, "batch": batch}
+    given = {"ema_decay": ema_decay, "balance": balance, "originals": originals, "mix32": mix32, "batch": batch,
+             "noise": noise}
     state.update({k: v for k, v in given.items() if v is not None})
     # the weights' moving average (fp32), when asked for: what is evaluated and kept as best.pt
     ema = None
@@ -333,8 +349,10 @@ def train(work: str, minutes: float, resume: bool, steps: int | None = None, ini
         idx = batch_indices(Y, size, g, state.get("balance", False))
         labels = Y[idx].clone()
         labels[torch.rand(size, generator=g) < CFG_DROP] = spec["num_classes"]  # the null class
+        seq = sequences(X[idx].long(), labels, lay)
+        inputs = corrupt(seq, state["noise"], g).to(dev) if state.get("noise") else None
         with autocast:
-            loss = ar_loss(model, sequences(X[idx].long(), labels, lay).to(dev))
+            loss = ar_loss(model, seq.to(dev), inputs=inputs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -449,6 +467,9 @@ def main(argv=None) -> None:
                          "--resume: from now on)")
     ap.add_argument("--mix32", type=float, default=None,
                     help=f"share of steps on 32x32 sequences (default {MIX_32}; with --resume: from now on)")
+    ap.add_argument("--noise", type=float, default=None,
+                    help="train: share of the image codes read swapped for codes of the same grid (default 0; with "
+                         "--resume: from now on)")
     ap.add_argument("--copies", type=int, default=None,
                     help=f"data: augmented copies of each training glyph at both sizes (default {COPIES})")
     ap.add_argument("--layers", type=int, default=None,
@@ -470,11 +491,13 @@ def main(argv=None) -> None:
         ap.error(f"--batch {a.batch}: give the number of sequences a step, 1 or more")
     if a.mix32 is not None and not 0 <= a.mix32 <= 1:
         ap.error(f"--mix32 {a.mix32} is a share of the steps: give a number from 0 to 1")
+    if a.noise is not None and not 0 <= a.noise < 1:
+        ap.error(f"--noise {a.noise} is a share of the codes read: give a number from 0 up to (not) 1")
     os.makedirs(a.work, exist_ok=True)
     {"data": lambda: build_data(a.work, a.copies and {side: a.copies for side in SIZES}),
      "pack": lambda: pack(a.work),
      "train": lambda: train(a.work, a.minutes, a.resume, a.steps, a.init, a.lr, a.ema, a.balance, a.originals,
-                            a.mix32, a.layers, a.device, a.batch),
+                            a.mix32, a.layers, a.device, a.batch, a.noise),
      "ship": lambda: ship(a.work, a.out, a.init, a.weights), "grids": lambda: heads_grids(a.work),
      "classes": lambda: classes(a.work, a.model, a.side)}[a.stage]()
 

@@ -40,22 +40,30 @@ def test_the_gpu_script_trains_ships_and_judges_here_on_the_cpu(tmp_path):
     packed_data(work)
     candidate = f"candidate48-test-{os.getpid()}"
     env = dict(os.environ, WORK=str(work), DEVICE="cpu", BATCH="1", PROCS="2", CANDIDATE=candidate, JUDGE_LIMIT="1",
-               JUDGE_GRID="16x16", PYTHON=sys.executable, SSD_THREADS="1")
+               JUDGE_GRID="16x16", PYTHON=sys.executable, SSD_THREADS="1", MINUTES32="0.01", NOISE="0.1",
+               HEADS_EPOCHS="3")
     try:
         run = subprocess.run(["bash", "reference_recipe/gpu_r48.sh", str(out), "0.02"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
     finally:
-        shutil.rmtree(ROOT / "ssd_core" / "reference" / candidate, ignore_errors=True)
+        for folder in (candidate, candidate + "p"):
+            shutil.rmtree(ROOT / "ssd_core" / "reference" / folder, ignore_errors=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # what the device tool brings back: at most 8 files, at most 2 folders down
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["judge.json", "model48/config.json", "model48/generation_config.json",
+    assert files == ["judge.json", "model48/config.json", "model48/generation_config.json", "model48/heads.safetensors",
                      "model48/model.safetensors", "model48/ssd_model.json", "train.log"]
     log = (out / "train.log").read_text()
     assert "gpu None" in log and "eval step 0: held-out NLL 48x48" in log and "candidate48-test" in log
     # the candidate is the run's weights of the lowest held-out NLL, in fp16, naming the bundled VQ and yardstick
     ck = torch.load(work / "checkpoint.pt", weights_only=True)
     assert ck["state"]["batch"] == 1 and ck["state"]["balance"] is True and ck["state"].get("ema_decay") is None
+    assert ck["state"]["noise"] == 0.1 and ck["state"]["mix32"] == 0.3
+    # the curriculum's 32x32 phase ran first, in its own folder, and the 48x48 run began from its trained weights
+    phase = torch.load(work / "p32" / "checkpoint.pt", weights_only=True)
+    assert phase["state"]["mix32"] == 1.0 and phase["state"]["step"] >= 1
+    assert ck["state"]["init"].endswith(candidate + "p")
+    assert log.count("a fresh run from") == 2
     best = torch.load(work / "best.pt", weights_only=True)
     shipped = load_file(str(out / "model48" / "model.safetensors"))
     assert shipped.keys() == best.keys() and all(torch.equal(v, best[k].half()) for k, v in shipped.items())
@@ -67,6 +75,13 @@ def test_the_gpu_script_trains_ships_and_judges_here_on_the_cpu(tmp_path):
     assert [p[:2] for p in report["blocks"]["all"]["pairs"]] == [[16, 0], [5000, 0]]
     assert set(report["blocks"]) == {"16-63", "5000-5015", "all"}
     assert report["blocks"]["all"]["per_class"]["face"].endswith("/2")
+    # the shipped heads fine-tuned on the candidate, in fp16, for its grid
+    from ssd_core.heads import load_heads_file
+    heads = load_file(str(out / "model48" / "heads.safetensors"))
+    assert heads and all(v.dtype == torch.float16 for v in heads.values())
+    assert load_heads_file(out / "model48" / "heads.safetensors").metadata()["grid"] == "48x48"
+    shipped_heads = load_file(str(ROOT / "ssd_core" / "reference" / "model48" / "heads.safetensors"))
+    assert heads.keys() == shipped_heads.keys() and any(not torch.equal(heads[k], shipped_heads[k]) for k in heads)
 
 
 def test_the_judge_asks_the_64_pairs_of_issue_41_and_refuses_bad_counts(capsys):

@@ -303,3 +303,49 @@ def test_a_deepened_run_trains_its_new_layers_resumes_and_ships_deep(run, tmp_pa
     assert shipped.config.num_hidden_layers == 3
     trained = torch.load(work / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(v, trained[k].half().float()) for k, v in shipped.state_dict().items())
+
+
+def test_corrupt_swaps_image_codes_for_the_grids_own_and_keeps_class_and_row_ends():
+    from reference_recipe.ar import layout, sequences
+    lay = layout(11, row_end=True)
+    grids = torch.randint(512, (3, 48, 48), generator=torch.Generator().manual_seed(2))
+    seq = sequences(grids, torch.tensor([0, 5, 10]), lay)
+    inputs = r48.corrupt(seq, 0.2, torch.Generator().manual_seed(3))
+    assert inputs.shape == seq[:, :-1].shape
+    fixed = seq[:, :-1] >= 512  # the class token and the row ends
+    assert torch.equal(inputs[fixed], seq[:, :-1][fixed])
+    changed = inputs != seq[:, :-1]
+    assert 0.17 < changed[~fixed].float().mean().item() < 0.21
+    for b in range(3):  # every swapped code is one of its own grid's
+        assert set(inputs[b][changed[b]].tolist()) <= set(grids[b].flatten().tolist())
+    assert torch.equal(r48.corrupt(seq, 0.0, torch.Generator().manual_seed(3)), seq[:, :-1])
+
+
+def test_noise_corrupts_what_the_model_reads_never_its_targets_and_is_kept_on_resume(run, monkeypatch):
+    work, init = run
+    calls = []
+    real = r48.ar_loss
+    monkeypatch.setattr(r48, "ar_loss", lambda model, seq, **kw: (
+        calls.append((seq.clone(), kw.get("inputs"))) if torch.is_grad_enabled() else None) or real(model, seq, **kw))
+    seen = trained_batches(monkeypatch)
+    r48.train(str(work), None, False, steps=4, init=init, noise=0.3, mix32=0.0)
+    assert len(calls) == 4
+    for (seq, inputs), grid in zip(calls, seen):
+        assert torch.equal(seq[0, 1:].view(48, 49)[:, :48], grid[0])  # the targets: the grid itself
+        image = seq[:, :-1] < 512
+        share = (inputs != seq[:, :-1])[image].float().mean().item()
+        assert 0.2 < share < 0.4
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["state"]["noise"] == 0.3
+    calls.clear()
+    r48.train(str(work), None, True, steps=6)  # a resume keeps it
+    assert len(calls) == 2 and all(inputs is not None for _, inputs in calls)
+    calls.clear()
+    r48.train(str(work), None, True, steps=8, noise=0.0)  # and can turn it off
+    assert len(calls) == 2 and all(inputs is None for _, inputs in calls)
+
+
+def test_noise_outside_0_to_1_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        r48.main(["train", "--work", str(tmp_path / "w"), "--noise", "1"])
+    assert "--noise 1.0 is a share of the codes read: give a number from 0 up to (not) 1" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
