@@ -3,7 +3,7 @@
 #
 #   reference_recipe/gpu_r48.sh OUT [TRAIN_MINUTES]        (on the GPU machine, from the repository root)
 #
-# Before, here: `python -m reference_recipe.r48 data --work build/r48g --copies 24` (25 min) and `... pack --work
+# Before, here: `python -m reference_recipe.r48 data --work build/r48g --copies 24` (16-25 min) and `... pack --work
 # build/r48g` (data.safetensors.xz, 18.6 MB: carry build/r48g/data.safetensors.xz, not the 100 MB unpacked file).
 # There: with MINUTES32 set, first the tenth extension's curriculum: MINUTES32 of 32x32 sequences only from the shipped
 # reference-48, its trained weights the start of what follows. Then trains on for TRAIN_MINUTES (default 4; batch

@@ -210,8 +210,8 @@ def batch_indices(classes: torch.Tensor, n: int, g: torch.Generator, balance: bo
 
 def corrupt(seq: torch.Tensor, share: float, g: torch.Generator, image_vocab: int = 512) -> torch.Tensor:
     """The model's inputs seq[:, :-1] with about `share` of their image codes swapped for the code at a random
-    other position of the same sequence (an image code, so the grid's own palette); the class
-    and row-end tokens stay."""
+    other position of the same sequence (an image code, so the grid's own palette); the class and row-end tokens
+    stay."""
     inputs = seq[:, :-1].clone()
     hit = (torch.rand(inputs.shape, generator=g) < share) & (inputs < image_vocab)
     source = torch.randint(1, inputs.shape[1], inputs.shape, generator=g)  # a position of the same sequence
